@@ -1,0 +1,27 @@
+# The two commands the README opens with. Both build the virtual environment first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m thrifty demo $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks
+
+bench: $(STAMP)
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) runs build src/*.egg-info

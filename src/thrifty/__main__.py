@@ -1,0 +1,5 @@
+import sys
+
+from thrifty.cli import main
+
+sys.exit(main())

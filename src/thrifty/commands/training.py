@@ -1,0 +1,80 @@
+"""`thrifty demo` and `thrifty train`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+HELP_SET = "override a config value, e.g. --set batch.micro=8 (repeatable)"
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help=HELP_SET)
+    parser.add_argument("--out", metavar="DIR", help="run directory (default: runs/<name>-<time>)")
+    parser.add_argument("--steps", type=int, metavar="N", help="optimizer steps to run (run.max_steps)")
+    parser.add_argument("--overwrite", action="store_true", help="reuse a run directory that already holds a run")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    demo = subparsers.add_parser(
+        "demo", help="train a small byte-level GPT on the Python standard library's source",
+        description="Train a small byte-level GPT from scratch on the Python standard library's "
+        "own source files (no download) and print the run's summary.",
+    )
+    _common(demo)
+    demo.set_defaults(handler=run_demo)
+
+    train = subparsers.add_parser(
+        "train", help="train the model, data and optimizer a TOML config names",
+        description="Train a model from a TOML config whose [task] names factories by import path.",
+    )
+    train.add_argument("config", metavar="CONFIG.toml")
+    _common(train)
+    train.set_defaults(handler=run_train)
+
+
+def _overrides(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    from thrifty.config import parse_set_args
+
+    pairs: list[tuple[str, Any]] = parse_set_args(args.overrides)
+    if args.steps is not None:
+        pairs.append(("run.max_steps", args.steps))
+    if args.out is not None:
+        pairs.append(("run.out", args.out))
+    if args.overwrite:
+        pairs.append(("run.overwrite", True))
+    return pairs
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from thrifty.config import load_config
+    from thrifty.demo import DEMO_CONFIG
+
+    config = load_config(None, _overrides(args), base=DEMO_CONFIG)
+    return _train(config)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from thrifty.config import load_config
+
+    config = load_config(args.config, _overrides(args))
+    return _train(config)
+
+
+def _train(config: Any) -> int:
+    import logging
+
+    from thrifty.report import print_summary
+    from thrifty.task import build_task
+    from thrifty.trainer import Trainer, _seed_everything
+
+    logging.basicConfig(level=logging.INFO, format="thrifty: %(message)s")
+    _seed_everything(config.run.seed)
+    task = build_task(config)
+    trainer = Trainer(
+        task.model, task.train_data, config,
+        optimizer=task.optimizer, val_data=task.val_data, loss_fn=task.loss_fn,
+    )
+    result = trainer.fit()
+    print_summary(result)
+    return 0

@@ -1,0 +1,27 @@
+"""Exception types. Every message is one line that names the problem and the fix."""
+
+from __future__ import annotations
+
+
+class ThriftyError(Exception):
+    """A user-facing error: the command line prints its message and exits with code 2."""
+
+
+class ConfigError(ThriftyError, ValueError):
+    """A configuration value is wrong: the message names the dotted field, the value and what is allowed."""
+
+
+class MissingDependencyError(ThriftyError, ImportError):
+    """An optional package is needed: the message quotes the exact pip install."""
+
+
+def require(module: str, extra: str) -> object:
+    """Import an optional dependency or raise an error quoting the install command."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"{module} is not installed: pip install 'thrifty[{extra}]'"
+        ) from exc

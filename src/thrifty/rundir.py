@@ -1,0 +1,76 @@
+"""The run directory: resolved config, per-step metrics (JSON lines) and the summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from thrifty.errors import ThriftyError
+
+RUN_FILES = ("metrics.jsonl", "summary.json")
+
+
+def default_run_dir(name: str) -> Path:
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def prepare_run_dir(path: str | os.PathLike[str], overwrite: bool = False) -> Path:
+    """Create the run directory; refuse one that already holds a run unless `overwrite`."""
+    path = Path(path)
+    existing = [f for f in RUN_FILES if (path / f).exists()]
+    if existing and not overwrite:
+        raise ThriftyError(
+            f"run directory {path} already holds a run ({existing[0]}): choose another --out "
+            "or set run.overwrite = true"
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ThriftyError(f"cannot create run directory {path}: {exc.strerror}") from exc
+    for name in existing:
+        (path / name).unlink()
+    return path
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN or infinity: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_json(path: str | os.PathLike[str], data: Mapping[str, Any]) -> None:
+    """Write JSON atomically (temporary file, then rename)."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_clean(data), indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+class MetricsLog:
+    """Appends one JSON object per line to metrics.jsonl."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._file = open(self.path, "a", buffering=1 << 16)  # noqa: SIM115 (closed in close())
+
+    def write(self, records: Iterable[Mapping[str, Any]]) -> None:
+        self._file.writelines(json.dumps(_clean(r)) + "\n" for r in records)
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

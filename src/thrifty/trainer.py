@@ -1,0 +1,449 @@
+"""The Trainer: one training loop that applies every cost lever from one config.
+
+The train step (`Trainer._train_step`) reads top to bottom: each lever is a small piece it
+calls — the precision's autocast and loss scaler, the accumulation weights, clipping, the
+schedule — not a branch inside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from thrifty.activation_checkpointing import apply_activation_checkpointing
+from thrifty.batches import LossFn, call_model, count_samples, count_tokens, loss_weights, to_device
+from thrifty.config import RunConfig, TrainConfig, dump_toml
+from thrifty.early_stopping import Budget, EarlyStopping
+from thrifty.errors import ConfigError, ThriftyError
+from thrifty.loading import EpochSampler, LoaderSettings, build_loader, choose_num_workers
+from thrifty.precision import Precision, resolve_precision
+from thrifty.progress import ProgressBar
+from thrifty.rundir import MetricsLog, default_run_dir, prepare_run_dir, write_json
+from thrifty.schedule import build_scheduler, scaled_lr
+
+log = logging.getLogger("thrifty")
+
+
+@dataclass
+class FitResult:
+    """What `Trainer.fit()` achieved. Rates are per second of training (compile warm-up excluded)."""
+
+    steps: int
+    samples: int
+    tokens: int
+    train_loss: float
+    val_loss: float | None
+    initial_val_loss: float | None
+    best_val_loss: float | None
+    tokens_per_second: float
+    samples_per_second: float
+    stop_reason: str
+    wall_seconds: float
+    precision: str
+    num_workers: int
+    checkpointed_blocks: list[str] = field(default_factory=list)
+    run_dir: str | None = None
+
+
+@dataclass
+class TrainState:
+    """Counters of the run so far: everything a checkpoint needs besides the tensors."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    batch_in_epoch: int = 0  # micro-batches of this epoch already consumed
+    samples: int = 0
+    tokens: int = 0
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"run.device = {name!r} is invalid: no CUDA device is available; use cpu or auto")
+    return device
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """Train `model` on `train_data` with the levers `config` turns on.
+
+    `model` returns the loss itself, an output with `.loss`, or logits for `loss_fn(output,
+    batch)`. `train_data` and `val_data` are map-style Datasets (thrifty builds the loaders).
+    `optimizer` defaults to the one `config.optimizer` describes; with either, its lr is scaled
+    by the linear scaling rule when `optimizer.reference_batch` is set, and scheduled.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        train_data: Dataset,
+        config: TrainConfig | None = None,
+        *,
+        optimizer: torch.optim.Optimizer | None = None,
+        val_data: Dataset | None = None,
+        loss_fn: LossFn | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+    ) -> None:
+        self.config = config or TrainConfig(run=RunConfig(max_epochs=1))
+        for name, data in (("train_data", train_data), ("val_data", val_data)):
+            if data is not None and not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+                raise ThriftyError(
+                    f"{name} is a {type(data).__name__}: pass a map-style Dataset (with __len__ "
+                    "and __getitem__); thrifty builds the DataLoader itself"
+                )
+        self.model = model
+        self.train_data = train_data
+        self.val_data = val_data
+        self.loss_fn = loss_fn
+        self.collate_fn = collate_fn
+        self.state = TrainState()
+        self.device = resolve_device(self.config.run.device)
+        self.precision: Precision = resolve_precision(self.config.precision.mode, self.device)
+        self.accumulation = self.config.batch.accumulation_steps()
+        self.early_stopping = EarlyStopping(
+            self.config.early_stopping.patience, self.config.early_stopping.min_delta
+        )
+        self._optimizer_given = optimizer
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.forward_model: nn.Module = model
+        self.run_dir: Path | None = None
+        self.metrics: MetricsLog | None = None
+
+    # ------------------------------------------------------------------------------------
+    # Set-up: each lever applied once, before the loop
+
+    def _setup(self) -> None:
+        cfg = self.config
+        _seed_everything(cfg.run.seed)
+        if cfg.run.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = cfg.precision.allow_tf32
+            torch.backends.cudnn.allow_tf32 = cfg.precision.allow_tf32
+        self.model.to(self.device)
+        self.checkpointed_blocks = self._apply_activation_checkpointing()
+        self.scaler = self.precision.make_scaler()
+        self.optimizer = self._optimizer_given or self._build_optimizer()
+        self._scale_learning_rate(self.optimizer)
+        self.steps_per_epoch, self.train_loader, self.worker_choice = self._build_train_loader()
+        self.horizon = self._schedule_horizon()
+        s = cfg.schedule
+        self.scheduler = build_scheduler(
+            self.optimizer, warmup_steps=s.warmup_steps, decay=s.decay,
+            total_steps=self.horizon, min_lr_ratio=s.min_lr_ratio,
+        )
+        self.forward_model = self._compile(self.model)
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        log.info("precision: %s (%s)", self.precision.name, self.precision.reason)
+        if self.checkpointed_blocks:
+            log.info(
+                "activation checkpointing: %d blocks (%s)",
+                len(self.checkpointed_blocks), ", ".join(self.checkpointed_blocks),
+            )
+        log.info(
+            "batch: micro %d × %d accumulation steps = effective %d",
+            cfg.batch.micro, self.accumulation, cfg.batch.micro * self.accumulation,
+        )
+
+    def _apply_activation_checkpointing(self) -> list[str]:
+        try:
+            return apply_activation_checkpointing(self.model, self.config.activation_checkpointing.policy)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        o = self.config.optimizer
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if o.name == "sgd":
+            return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+        # Weight decay on matrices only: decaying biases and norm gains hurts and saves nothing.
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        groups = [
+            {"params": decay, "weight_decay": o.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        # The fused kernel is one launch for all parameters; feature-detect, don't version-check.
+        fused = self.device.type == "cuda"
+        return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), fused=fused or None)
+
+    def _scale_learning_rate(self, optimizer: torch.optim.Optimizer) -> None:
+        effective = self.config.batch.micro * self.accumulation
+        for group in optimizer.param_groups:
+            group["lr"] = scaled_lr(group["lr"], effective, self.config.optimizer.reference_batch)
+            group["initial_lr"] = group["lr"]  # the schedule multiplies the scaled rate
+
+    def _schedule_horizon(self) -> int | None:
+        cfg = self.config
+        horizon = cfg.schedule.total_steps or cfg.run.max_steps
+        if horizon is None and cfg.run.max_epochs is not None:
+            horizon = cfg.run.max_epochs * self.steps_per_epoch
+        if horizon is None and cfg.schedule.decay == "cosine":
+            raise ConfigError(
+                "schedule.decay = 'cosine' needs a horizon: set run.max_steps, run.max_epochs or "
+                "schedule.total_steps, or use schedule.decay = 'constant'"
+            )
+        return horizon
+
+    def _loader_settings(self, batch_size: int, num_workers: int) -> LoaderSettings:
+        d = self.config.data
+        pin = self.device.type == "cuda" if d.pin_memory == "auto" else bool(d.pin_memory)
+        return LoaderSettings(batch_size, num_workers, pin, d.prefetch_factor, d.persistent_workers)
+
+    def _build_train_loader(self) -> tuple[int, Any, Any]:
+        d = self.config.data
+        micro = self.config.batch.micro
+        choice = None
+        workers = d.num_workers
+        if workers == "auto":
+            choice = choose_num_workers(self.train_data, self._loader_settings(micro, 0), self.collate_fn)
+            workers = choice.num_workers
+            log.info("data: %s", choice.describe())
+        self.sampler = EpochSampler(len(self.train_data), shuffle=d.shuffle, seed=self.config.run.seed)
+        loader = build_loader(
+            self.train_data, self.sampler, self._loader_settings(micro, int(workers)),
+            self.collate_fn, seed=self.config.run.seed,
+        )
+        steps_per_epoch = len(self.train_data) // micro // self.accumulation
+        if steps_per_epoch == 0:
+            raise ConfigError(
+                f"batch.effective = {micro * self.accumulation} is invalid: the training set has "
+                f"only {len(self.train_data)} samples; use a smaller batch"
+            )
+        return steps_per_epoch, loader, choice
+
+    def _compile(self, model: nn.Module) -> nn.Module:
+        mode = self.config.compile.mode
+        if mode == "off":
+            return model
+        return torch.compile(model, mode=None if mode == "default" else mode)  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------------------------
+    # The loop
+
+    def _windows(self) -> Iterator[list[Any]]:
+        """Accumulation windows of micro-batches, epoch after epoch, from the saved position."""
+        max_epochs = self.config.run.max_epochs
+        while max_epochs is None or self.state.epoch < max_epochs:
+            start = self.state.batch_in_epoch * self.config.batch.micro
+            self.sampler.set_epoch(self.state.epoch, start)
+            batches = iter(self.train_loader)
+            windows_left = self.steps_per_epoch - self.state.batch_in_epoch // self.accumulation
+            for _ in range(windows_left):
+                yield [next(batches) for _ in range(self.accumulation)]
+            self.state.epoch += 1
+            self.state.batch_in_epoch = 0
+
+    def _train_step(self, window: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One optimizer step over an accumulation window; returns (loss, grad norm) as tensors
+        on the device — reading them would force a host sync, so the caller batches that."""
+        weights = loss_weights(window, self.config.batch.normalize)  # counted on the host
+        non_blocking = self.device.type == "cuda"
+        window_loss = torch.zeros((), device=self.device)
+        for batch, weight in zip(window, weights):
+            batch = to_device(batch, self.device, non_blocking)
+            with self.precision.autocast():
+                loss = call_model(self.forward_model, batch, self.loss_fn)
+            self.scaler.scale(loss * weight).backward()
+            window_loss += loss.detach().float() * weight
+        grad_norm = None
+        if self.config.optimizer.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+            grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.config.optimizer.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return window_loss, grad_norm
+
+    def fit(self) -> FitResult:
+        """Train until a budget, the data (run.max_epochs) or early stopping ends the run."""
+        cfg = self.config
+        started = time.perf_counter()
+        self._setup()
+        self._open_run_dir()
+        budget = Budget(cfg.run.max_steps, cfg.run.max_tokens, cfg.run.max_seconds)
+        progress = ProgressBar(cfg.run.max_steps, cfg.run.progress)
+        meter = _ThroughputMeter(exclude_steps=3 if cfg.compile.mode != "off" else 1)
+        pending: list[dict[str, Any]] = []
+        initial_val = self.evaluate()
+        last_val = initial_val
+        stop_reason = "data_exhausted"
+        train_loss = math.nan
+        last = time.perf_counter()
+        try:
+            for window in self._windows():
+                lr = self.optimizer.param_groups[0]["lr"]
+                loss, grad_norm = self._train_step(window)
+                samples = sum(count_samples(b) for b in window)
+                tokens = sum(count_tokens(b) for b in window)
+                self._advance(samples, tokens)
+                now = time.perf_counter()
+                meter.add(now - last, samples, tokens)
+                pending.append({
+                    "step": self.state.step, "loss": loss, "grad_norm": grad_norm,
+                    "lr": lr, "samples": self.state.samples,
+                    "tokens": self.state.tokens, "step_seconds": now - last,
+                })
+                last = now
+                reason = budget.exceeded(self.state.step, self.state.tokens, now - started)
+                evaluate = self.val_data is not None and (
+                    self.state.step % cfg.eval.every == 0 or reason is not None
+                )
+                if len(pending) >= cfg.run.log_every or evaluate or reason:
+                    train_loss = self._flush(pending, meter, progress)
+                if evaluate:
+                    last_val = self.evaluate()
+                    self._log_eval(last_val)
+                    if self.early_stopping.update(last_val) and reason is None:
+                        reason = "early_stopping"
+                    last = time.perf_counter()  # evaluation is not step time
+                if reason is not None:
+                    stop_reason = reason
+                    break
+            if pending:
+                train_loss = self._flush(pending, meter, progress)
+        finally:
+            progress.close()
+            if self.metrics is not None:
+                self.metrics.close()
+        result = FitResult(
+            steps=self.state.step, samples=self.state.samples, tokens=self.state.tokens,
+            train_loss=train_loss, val_loss=last_val, initial_val_loss=initial_val,
+            best_val_loss=None if not self.early_stopping.history else self.early_stopping.best,
+            tokens_per_second=meter.tokens_per_second, samples_per_second=meter.samples_per_second,
+            stop_reason=stop_reason, wall_seconds=time.perf_counter() - started,
+            precision=self.precision.name,
+            num_workers=self.train_loader.num_workers,
+            checkpointed_blocks=self.checkpointed_blocks,
+            run_dir=str(self.run_dir) if self.run_dir else None,
+        )
+        self._write_summary(result)
+        return result
+
+    def _advance(self, samples: int, tokens: int) -> None:
+        self.state.step += 1
+        self.state.batch_in_epoch += self.accumulation
+        self.state.samples += samples
+        self.state.tokens += tokens
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        """Mean validation loss (weighted by samples, or tokens with a loss_mask), or None."""
+        if self.val_data is None:
+            return None
+        if self.optimizer is None:  # called before fit()
+            self.model.to(self.device)
+        e = self.config.eval
+        loader = build_loader(
+            self.val_data,
+            EpochSampler(len(self.val_data), shuffle=False),
+            self._loader_settings(e.micro or self.config.batch.micro, 0),
+            self.collate_fn,
+        )
+        was_training = self.model.training
+        self.model.eval()
+        total = torch.zeros((), device=self.device, dtype=torch.float64)
+        weight_sum = 0
+        for i, batch in enumerate(loader):
+            if e.batches and i >= e.batches:
+                break
+            weight = count_tokens(batch) if isinstance(batch, dict) and "loss_mask" in batch else count_samples(batch)
+            batch = to_device(batch, self.device, self.device.type == "cuda")
+            with self.precision.autocast():
+                loss = call_model(self.forward_model, batch, self.loss_fn)
+            total += loss.double() * weight
+            weight_sum += weight
+        self.model.train(was_training)
+        if weight_sum == 0:
+            raise ThriftyError(
+                f"the validation set yields no full batch of {e.micro or self.config.batch.micro}: "
+                "set eval.micro smaller or give more validation data"
+            )
+        return float(total) / weight_sum
+
+    # ------------------------------------------------------------------------------------
+    # Output: metrics, summary, run directory
+
+    def _open_run_dir(self) -> None:
+        r = self.config.run
+        self.run_dir = prepare_run_dir(r.out or default_run_dir(r.name), r.overwrite)
+        (self.run_dir / "config.toml").write_text(dump_toml(self.config.to_dict()))
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
+
+    def _flush(self, pending: list[dict[str, Any]], meter: _ThroughputMeter, progress: ProgressBar) -> float:
+        """Write the buffered steps: one host sync for the whole interval."""
+        tensors = [r["loss"] for r in pending] + [r["grad_norm"] for r in pending if r["grad_norm"] is not None]
+        values = torch.stack([t.float() for t in tensors]).tolist()
+        losses, norms = values[: len(pending)], iter(values[len(pending) :])
+        for record, loss in zip(pending, losses):
+            record["loss"] = loss
+            record["grad_norm"] = next(norms) if record["grad_norm"] is not None else None
+        self.metrics.write(pending)
+        progress.update(self.state.step, losses[-1], meter.tokens_per_second, meter.samples_per_second)
+        pending.clear()
+        return losses[-1]
+
+    def _log_eval(self, val_loss: float | None) -> None:
+        self.metrics.write([{"step": self.state.step, "val_loss": val_loss}])
+
+    def _write_summary(self, result: FitResult) -> None:
+        if self.run_dir is None:
+            return
+        summary = asdict(result)
+        summary["final_val_loss"] = summary.pop("val_loss")
+        summary["precision_reason"] = self.precision.reason
+        summary["accumulation_steps"] = self.accumulation
+        summary["effective_batch"] = self.config.batch.micro * self.accumulation
+        if self.worker_choice is not None:
+            summary["num_workers_measured_seconds_per_batch"] = {
+                str(k): v for k, v in self.worker_choice.seconds_per_batch.items()
+            }
+        write_json(self.run_dir / "summary.json", summary)
+
+
+class _ThroughputMeter:
+    """Samples and tokens per second, leaving out the first steps (allocator and compile
+    warm-up), so the figure describes the steady state the rest of the run will see."""
+
+    def __init__(self, exclude_steps: int = 1) -> None:
+        self.exclude = exclude_steps
+        self.seen = 0
+        self.seconds = 0.0
+        self.samples = 0
+        self.tokens = 0
+
+    def add(self, seconds: float, samples: int, tokens: int) -> None:
+        self.seen += 1
+        if self.seen <= self.exclude:
+            return
+        self.seconds += seconds
+        self.samples += samples
+        self.tokens += tokens
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.samples / self.seconds if self.seconds else 0.0
+

@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from thrifty.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+BAD_MODULE = '''
+import torch
+from torch import nn
+
+class Logits(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+    def forward(self, x, y):
+        return self.lin(x)
+
+def model():
+    return Logits()
+
+def data():
+    return torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 2))
+'''
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def user_project(tmp_path, monkeypatch):
+    (tmp_path / "userproj.py").write_text(BAD_MODULE)
+    config = tmp_path / "job.toml"
+    config.write_text(
+        '[run]\nmax_steps = 2\nprogress = "off"\n[batch]\nmicro = 4\n[data]\nnum_workers = 0\n'
+        '[schedule]\ndecay = "constant"\n[task]\nmodel = "userproj:model"\ntrain_data = "userproj:data"\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    return config
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "batch.micro=abc"], "batch.micro = 'abc' is invalid: expected an integer"),
+        (["--set", "batch.micro=0"], "batch.micro = 0 is invalid: must be greater than 0"),
+        (["--set", "batch.effective=6"], "batch.effective = 6 is invalid: must be a multiple of batch.micro = 4"),
+        (["--set", "optimizer.learning_rate=1"], "unknown key optimizer.learning_rate in optimizer"),
+        (["--set", "task.model=missing_module:build"], "task.model = 'missing_module:build' does not import"),
+        (["--set", "task.model=userproj:nothing"], "userproj has no attribute 'nothing'"),
+        ([], "the model returned a tensor of shape (4, 2), not a loss"),
+        (["--set", "nonsense"], "--set 'nonsense' is invalid: use --set section.key=value"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(capsys, user_project, tmp_path, args, message):
+    code, out, err = run_cli(capsys, "train", str(user_project), "--out", str(tmp_path / "r"), *args)
+    assert code == 2
+    assert err.startswith("thrifty: error: ") and message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_unknown_key_in_the_file_is_an_error(capsys, user_project, tmp_path):
+    user_project.write_text(user_project.read_text() + "[early_stopping]\npatiense = 3\n")
+    code, _, err = run_cli(capsys, "train", str(user_project))
+    assert code == 2 and "did you mean early_stopping.patience?" in err
+
+
+def test_missing_config_file(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "train", str(tmp_path / "nope.toml"))
+    assert code == 2 and "cannot read config" in err and "nope.toml" in err
+
+
+def test_bad_input_prints_no_traceback_from_the_real_command(user_project, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "thrifty", "train", str(user_project), "--set", "batch.micro=-1"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "thrifty: error: batch.micro = -1 is invalid: must be greater than 0"
+
+
+def test_demo_trains_and_writes_its_run_directory(capsys, tmp_path):
+    out = tmp_path / "demo"
+    code, stdout, _ = run_cli(
+        capsys, "demo", "--steps", "6", "--out", str(out),
+        "--set", "eval.batches=2", "--set", "data.num_workers=0", "--set", "schedule.warmup_steps=2",
+    )
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["stop_reason"] == "max_steps"
+    assert summary["final_val_loss"] < summary["initial_val_loss"] - 0.3
+    assert "thrifty run summary" in stdout
+    assert (out / "config.toml").exists() and (out / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("example", ["demo.toml", "mlp.toml"])
+def test_examples_run(capsys, tmp_path, monkeypatch, example):
+    monkeypatch.chdir(REPO)
+    code, _, err = run_cli(
+        capsys, "train", f"examples/{example}", "--steps", "3", "--out", str(tmp_path / example),
+        "--set", "eval.batches=2", "--set", "data.num_workers=0",
+    )
+    assert code == 0, err
+    assert json.loads((tmp_path / example / "summary.json").read_text())["steps"] == 3
+
+
+def test_importing_thrifty_stays_cheap():
+    code = "import sys, thrifty, thrifty.cli; thrifty.cli.build_parser(); print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "False", proc.stderr
