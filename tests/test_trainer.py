@@ -87,7 +87,7 @@ def test_run_directory_holds_config_metrics_and_summary(tmp_path):
 def test_a_directory_with_a_run_is_not_overwritten_unless_asked(tmp_path):
     data = TokenDataset(n=32)
     Trainer(tiny_gpt(), data, cfg(tmp_path)).fit()
-    with pytest.raises(ThriftyError, match="already holds a run.*--out or set run.overwrite"):
+    with pytest.raises(ThriftyError, match="holds a finished run.*another --out.*run.overwrite = true"):
         Trainer(tiny_gpt(), data, cfg(tmp_path)).fit()
     Trainer(tiny_gpt(), data, cfg(tmp_path, run={"overwrite": True})).fit()
 

@@ -251,6 +251,64 @@ class EarlyStoppingConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointConfig:
+    """Spot-safe checkpoints: where, how often, how many, and how to resume."""
+
+    SECTION: ClassVar[str] = "checkpoint"
+    location: str | None = None  # local dir or fsspec URL; default <run dir>/checkpoints
+    local_dir: str | None = None  # staging dir for a URL location; default <run dir>/checkpoints
+    # "auto" (Young/Daly from the measured save time), N steps, a duration like "10m", or "off"
+    # (then only the emergency and final checkpoints are written).
+    every: int | str = "auto"
+    interruption_rate: float | str = "5-10%"  # per hour, or an AWS advisor bucket ("<5%", ...)
+    keep_last: int = 2
+    keep_best: bool = False
+    resume: str = "auto"  # auto | never | a checkpoint's path or URL
+    upload_deadline: str | float = "90s"  # how long an emergency save waits for its upload
+    upload_retries: int = 5
+    storage_options: dict[str, Any] = field(default_factory=dict)  # never written to disk
+
+    def __post_init__(self) -> None:
+        s = self.SECTION
+        if isinstance(self.every, int):
+            _positive(s, "every", self.every)
+        elif self.every not in ("auto", "off"):
+            parse_duration(self.every, f"{s}.every")
+        if isinstance(self.interruption_rate, str):
+            from thrifty.plan.spot import ADVISOR_BUCKETS
+
+            if self.interruption_rate.replace(" ", "") not in ADVISOR_BUCKETS:
+                _fail(s, "interruption_rate", self.interruption_rate,
+                      f"give interruptions per hour or one of {', '.join(ADVISOR_BUCKETS)}")
+        else:
+            _positive(s, "interruption_rate", self.interruption_rate)
+        if self.keep_last < 2:
+            _fail(s, "keep_last", self.keep_last,
+                  "must be at least 2: with one, a corrupt newest checkpoint leaves nothing to resume")
+        if not self.resume:
+            _fail(s, "resume", self.resume, "use auto, never, or a checkpoint's path or URL")
+        parse_duration(self.upload_deadline, f"{s}.upload_deadline")
+        _non_negative(s, "upload_retries", self.upload_retries)
+
+    @property
+    def upload_deadline_seconds(self) -> float:
+        return parse_duration(self.upload_deadline, f"{self.SECTION}.upload_deadline")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SpotConfig:
+    """Where preemption notices come from (SIGTERM and SIGINT are always watched)."""
+
+    SECTION: ClassVar[str] = "spot"
+    provider: Literal["auto", "aws", "gcp", "azure", "none"] = "auto"
+    metadata_url: str | None = None  # override the provider's metadata base URL
+    poll_seconds: float | None = None  # default: the provider's recommended rate
+
+    def __post_init__(self) -> None:
+        _positive(self.SECTION, "poll_seconds", self.poll_seconds)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TaskConfig:
     """What `thrifty train` trains: factories named by import path `package.module:function`."""
 
@@ -286,18 +344,31 @@ class TrainConfig:
     compile: CompileConfig = field(default_factory=CompileConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    spot: SpotConfig = field(default_factory=SpotConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
         return _build(cls, data, prefix="")
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain nested dict (None values dropped), suitable for TOML."""
-        return {
+    def to_dict(self, secrets: bool = True) -> dict[str, Any]:
+        """Plain nested dict (None values dropped), suitable for TOML.
+
+        With `secrets=False` (what is written to disk) storage credentials are left out and
+        URLs lose any user:password part.
+        """
+        data = {
             f.name: {k: v for k, v in dataclasses.asdict(getattr(self, f.name)).items() if v is not None}
             for f in dataclasses.fields(self)
         }
+        if not secrets:
+            ckpt = data["checkpoint"]
+            ckpt["storage_options"] = {}
+            for key in ("location", "resume"):
+                if key in ckpt:
+                    ckpt[key] = re.sub(r"(://)[^/@]*@", r"\1", ckpt[key])
+        return data
 
     def replace(self, **overrides: str) -> TrainConfig:
         """A copy with `section.key` overrides applied, e.g. `replace(**{"batch.micro": "8"})`."""

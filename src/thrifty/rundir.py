@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,13 +15,17 @@ RUN_FILES = ("metrics.jsonl", "summary.json")
 
 
 def default_run_dir(name: str) -> Path:
-    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """runs/<name>: the same on every restart, so a preempted run finds its checkpoints."""
+    return Path("runs") / name
 
 
-def prepare_run_dir(path: str | os.PathLike[str], overwrite: bool = False) -> Path:
-    """Create the run directory; refuse one that already holds a run unless `overwrite`."""
+def prepare_run_dir(
+    path: str | os.PathLike[str], overwrite: bool = False, resuming: bool = False
+) -> Path:
+    """Create the run directory; refuse one that already holds a run unless `overwrite`
+    (which clears its metrics and summary) or `resuming` (which keeps them)."""
     path = Path(path)
-    existing = [f for f in RUN_FILES if (path / f).exists()]
+    existing = [] if resuming else [f for f in RUN_FILES if (path / f).exists()]
     if existing and not overwrite:
         raise ThriftyError(
             f"run directory {path} already holds a run ({existing[0]}): choose another --out "
@@ -69,6 +72,18 @@ class MetricsLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+def truncate_metrics(path: str | os.PathLike[str], step: int) -> None:
+    """Drop records after `step`: a resumed run writes those steps again."""
+    path = Path(path)
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines(keepends=True)
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(keep))
+    os.replace(tmp, path)
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

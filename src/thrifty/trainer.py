@@ -29,8 +29,10 @@ from thrifty.errors import ConfigError, ThriftyError
 from thrifty.loading import EpochSampler, LoaderSettings, build_loader, choose_num_workers
 from thrifty.precision import Precision, resolve_precision
 from thrifty.progress import ProgressBar
-from thrifty.rundir import MetricsLog, default_run_dir, prepare_run_dir, write_json
+from thrifty.rng import rng_state, set_rng_state
+from thrifty.rundir import MetricsLog, default_run_dir, prepare_run_dir, truncate_metrics, write_json
 from thrifty.schedule import build_scheduler, scaled_lr
+from thrifty.spot import SpotGuard
 
 log = logging.getLogger("thrifty")
 
@@ -65,6 +67,9 @@ class TrainState:
     batch_in_epoch: int = 0  # micro-batches of this epoch already consumed
     samples: int = 0
     tokens: int = 0
+    seconds: float = 0.0  # training wall time, across restarts (run.max_time counts it)
+    initial_val_loss: float | None = None
+    val_loss: float | None = None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -275,71 +280,87 @@ class Trainer:
         return window_loss, grad_norm
 
     def fit(self) -> FitResult:
-        """Train until a budget, the data (run.max_epochs) or early stopping ends the run."""
+        """Train until a budget, the data (run.max_epochs), early stopping or a preemption
+        ends the run. Resumes from the newest valid checkpoint when `checkpoint.resume = auto`."""
         cfg = self.config
-        started = time.perf_counter()
+        wall_start = time.perf_counter()
         self._setup()
-        self._open_run_dir()
+        guard = self._open_run_dir()
         budget = Budget(cfg.run.max_steps, cfg.run.max_tokens, cfg.run.max_seconds)
         progress = ProgressBar(cfg.run.max_steps, cfg.run.progress)
         meter = _ThroughputMeter(exclude_steps=3 if cfg.compile.mode != "off" else 1)
         pending: list[dict[str, Any]] = []
-        initial_val = self.evaluate()
-        last_val = initial_val
+        if self.state.step == 0:
+            self.state.initial_val_loss = self.state.val_loss = self.evaluate()
         stop_reason = "data_exhausted"
         train_loss = math.nan
-        last = time.perf_counter()
+        seconds_before = self.state.seconds
+        started = last = time.perf_counter()
+        guard.start(self.state.step)
         try:
             for window in self._windows():
                 lr = self.optimizer.param_groups[0]["lr"]
                 loss, grad_norm = self._train_step(window)
                 samples = sum(count_samples(b) for b in window)
                 tokens = sum(count_tokens(b) for b in window)
-                self._advance(samples, tokens)
                 now = time.perf_counter()
+                self._advance(samples, tokens, seconds_before + now - started)
                 meter.add(now - last, samples, tokens)
                 pending.append({
                     "step": self.state.step, "loss": loss, "grad_norm": grad_norm,
                     "lr": lr, "samples": self.state.samples,
                     "tokens": self.state.tokens, "step_seconds": now - last,
                 })
-                last = now
-                reason = budget.exceeded(self.state.step, self.state.tokens, now - started)
+                reason = budget.exceeded(self.state.step, self.state.tokens, self.state.seconds)
                 evaluate = self.val_data is not None and (
                     self.state.step % cfg.eval.every == 0 or reason is not None
                 )
-                if len(pending) >= cfg.run.log_every or evaluate or reason:
+                save = guard.due(self.state.step) or guard.preempted
+                if len(pending) >= cfg.run.log_every or evaluate or reason or save:
                     train_loss = self._flush(pending, meter, progress)
                 if evaluate:
-                    last_val = self.evaluate()
-                    self._log_eval(last_val)
-                    if self.early_stopping.update(last_val) and reason is None:
+                    self.state.val_loss = self.evaluate()
+                    self._log_event(val_loss=self.state.val_loss)
+                    if self.early_stopping.update(self.state.val_loss) and reason is None:
                         reason = "early_stopping"
-                    last = time.perf_counter()  # evaluation is not step time
+                if guard.preempted:
+                    guard.emergency_save(self.state.step, self.state_dict(), self.state.val_loss)
+                    reason = "preempted"
+                elif save and reason is None:
+                    guard.save(self.state.step, self.state_dict(), self.state.val_loss)
                 if reason is not None:
                     stop_reason = reason
                     break
+                last = time.perf_counter()  # evaluation and saving are not step time
             if pending:
                 train_loss = self._flush(pending, meter, progress)
+            final_state = None if stop_reason == "preempted" else self.state_dict()
+            guard.finish(self.state.step, final_state, self.state.val_loss)
+        except BaseException:
+            guard.abandon()
+            raise
         finally:
             progress.close()
             if self.metrics is not None:
                 self.metrics.close()
         result = FitResult(
             steps=self.state.step, samples=self.state.samples, tokens=self.state.tokens,
-            train_loss=train_loss, val_loss=last_val, initial_val_loss=initial_val,
+            train_loss=train_loss, val_loss=self.state.val_loss,
+            initial_val_loss=self.state.initial_val_loss,
             best_val_loss=None if not self.early_stopping.history else self.early_stopping.best,
             tokens_per_second=meter.tokens_per_second, samples_per_second=meter.samples_per_second,
-            stop_reason=stop_reason, wall_seconds=time.perf_counter() - started,
+            stop_reason=stop_reason, wall_seconds=time.perf_counter() - wall_start,
             precision=self.precision.name,
             num_workers=self.train_loader.num_workers,
             checkpointed_blocks=self.checkpointed_blocks,
             run_dir=str(self.run_dir) if self.run_dir else None,
         )
-        self._write_summary(result)
+        if stop_reason != "preempted":  # summary.json marks a finished run
+            self._write_summary(result)
         return result
 
-    def _advance(self, samples: int, tokens: int) -> None:
+    def _advance(self, samples: int, tokens: int, seconds: float) -> None:
+        self.state.seconds = seconds
         self.state.step += 1
         self.state.batch_in_epoch += self.accumulation
         self.state.samples += samples
@@ -383,11 +404,75 @@ class Trainer:
     # ------------------------------------------------------------------------------------
     # Output: metrics, summary, run directory
 
-    def _open_run_dir(self) -> None:
-        r = self.config.run
-        self.run_dir = prepare_run_dir(r.out or default_run_dir(r.name), r.overwrite)
-        (self.run_dir / "config.toml").write_text(dump_toml(self.config.to_dict()))
+    def _open_run_dir(self) -> SpotGuard:
+        """Create the run directory and its checkpoint guard; resume if there is a checkpoint.
+
+        A directory with summary.json holds a finished run and is refused (unless
+        run.overwrite); one with checkpoints is resumed (checkpoint.resume = auto), never
+        silently started over.
+        """
+        r, c = self.config.run, self.config.checkpoint
+        run_dir = Path(r.out) if r.out else default_run_dir(r.name)
+        finished = (run_dir / "summary.json").exists()
+        if finished and not r.overwrite:
+            raise ThriftyError(
+                f"run directory {run_dir} holds a finished run (summary.json): choose another "
+                "--out, or start it over with --overwrite (run.overwrite = true)"
+            )
+        guard = SpotGuard(c, self.config.spot, run_dir)
+        ref, why = (None, "overwrite") if r.overwrite else guard.resume_point()
+        if ref is None and not r.overwrite and guard.has_checkpoints():
+            raise ThriftyError(
+                f"{guard.manager.location} holds checkpoints and checkpoint.resume = never: "
+                "choose another --out, or start over with --overwrite (run.overwrite = true)"
+            )
+        if ref is None and r.overwrite:
+            _remove_local_checkpoints(run_dir, c)
+        self.run_dir = prepare_run_dir(run_dir, r.overwrite, resuming=ref is not None)
+        if ref is not None:
+            self.load_state_dict(guard.load(ref))
+            log.info("resumed from step %d (%s)", self.state.step, why)
+            truncate_metrics(self.run_dir / "metrics.jsonl", self.state.step)
+        (self.run_dir / "config.toml").write_text(dump_toml(self.config.to_dict(secrets=False)))
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
+        if ref is not None:
+            self._log_event(event="resumed")
+        log.info(guard.describe())
+        return guard
+
+    # ------------------------------------------------------------------------------------
+    # Checkpoint state: everything needed to continue bit for bit
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimizer, schedule, loss scaler, counters, data position, early stopping,
+        every RNG, and the config — tensors and plain values only (loadable weights_only)."""
+        if self.optimizer is None:
+            raise ThriftyError("the Trainer has no training state before fit() sets it up")
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "early_stopping": self.early_stopping.state_dict(),
+            "progress": asdict(self.state),
+            "rng": rng_state(),
+            "effective_batch": self.config.batch.micro * self.accumulation,
+            "config": self.config.to_dict(secrets=False),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a `state_dict()`; refuses one written for another model or batch."""
+        check_compatible(self.model, state, self.config.batch.micro * self.accumulation)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.early_stopping.load_state_dict(state["early_stopping"])
+        self.state = TrainState(**state["progress"])
+        set_rng_state(state["rng"])
+
+    def _log_event(self, **fields: Any) -> None:
+        self.metrics.write([{"step": self.state.step, **fields}])
 
     def _flush(self, pending: list[dict[str, Any]], meter: _ThroughputMeter, progress: ProgressBar) -> float:
         """Write the buffered steps: one host sync for the whole interval."""
@@ -402,9 +487,6 @@ class Trainer:
         pending.clear()
         return losses[-1]
 
-    def _log_eval(self, val_loss: float | None) -> None:
-        self.metrics.write([{"step": self.state.step, "val_loss": val_loss}])
-
     def _write_summary(self, result: FitResult) -> None:
         if self.run_dir is None:
             return
@@ -418,6 +500,35 @@ class Trainer:
                 str(k): v for k, v in self.worker_choice.seconds_per_batch.items()
             }
         write_json(self.run_dir / "summary.json", summary)
+
+
+def check_compatible(model: nn.Module, state: dict[str, Any], effective_batch: int) -> None:
+    """Raise a one-line error saying what differs between a checkpoint and this run."""
+    fix = "resume with the config that wrote it, or start fresh with another --out"
+    saved = state["model"]
+    current = model.state_dict()
+    for key in sorted(set(saved) | set(current)):
+        if key not in current or key not in saved:
+            where = "only in the checkpoint" if key in saved else "only in this model"
+            raise ThriftyError(f"the checkpoint is for another model: parameter {key} is {where}: {fix}")
+        if tuple(saved[key].shape) != tuple(current[key].shape):
+            raise ThriftyError(
+                f"the checkpoint is for another model: {key} is {tuple(saved[key].shape)} there and "
+                f"{tuple(current[key].shape)} here: {fix}"
+            )
+    if state["effective_batch"] != effective_batch:
+        raise ThriftyError(
+            f"the checkpoint was trained with an effective batch of {state['effective_batch']}, this "
+            f"run has {effective_batch}: resuming would change the optimization; {fix}"
+        )
+
+
+def _remove_local_checkpoints(run_dir: Path, checkpoint: Any) -> None:
+    """--overwrite starts over: old checkpoints in the run directory must not be resumed later."""
+    import shutil
+
+    if checkpoint.location is None and (run_dir / "checkpoints").is_dir():
+        shutil.rmtree(run_dir / "checkpoints")
 
 
 class _ThroughputMeter:

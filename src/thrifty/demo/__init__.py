@@ -12,7 +12,7 @@ from thrifty.demo.model import GPT, GPTConfig
 
 # Sized to finish in under three minutes on a 2-core CPU while the validation loss falls clearly.
 DEMO_CONFIG: dict[str, dict[str, Any]] = {
-    "run": {"name": "demo", "max_steps": 300, "max_time": "170s", "log_every": 10},
+    "run": {"name": "demo", "max_steps": 300, "max_time": "160s", "log_every": 10},
     "precision": {"mode": "auto"},
     "batch": {"micro": 16, "effective": 32},
     "optimizer": {

@@ -1,0 +1,208 @@
+"""The manifest: the small file written last that makes a checkpoint count.
+
+A checkpoint folder holds its data files and `manifest.json` (step, file names, sizes, sha256,
+thrifty and torch versions, creation time, metric). Readers trust a folder only through its
+manifest, and only when every file matches it byte for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from thrifty.checkpoint.errors import CorruptCheckpointError
+from thrifty.checkpoint.storage import Storage, redact
+
+log = logging.getLogger("thrifty.checkpoint")
+
+MANIFEST = "manifest.json"
+FORMAT = "thrifty-checkpoint"
+FORMAT_VERSION = 1
+# File names come from a manifest that may have been tampered with: never a path.
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One data file of a checkpoint: its name in the folder, size in bytes and sha256 (hex)."""
+
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a published checkpoint contains. `created` is UTC ISO 8601; lower `metric` is better."""
+
+    step: int
+    files: tuple[FileEntry, ...]
+    created: str
+    metric: float | None = None
+    thrifty_version: str = "unknown"
+    torch_version: str = "unknown"
+
+    def to_json(self) -> bytes:
+        doc = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "step": self.step,
+            "created": self.created,
+            "metric": self.metric,
+            "thrifty_version": self.thrifty_version,
+            "torch_version": self.torch_version,
+            "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in self.files],
+        }
+        return (json.dumps(doc, indent=2) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, *, where: str) -> Manifest:
+        """Parse a manifest; anything malformed is a CorruptCheckpointError naming `where`."""
+        try:
+            doc = json.loads(data)
+            if doc.get("format") != FORMAT:
+                raise ValueError(f"format is {doc.get('format')!r}, not {FORMAT!r}")
+            if doc.get("format_version") != FORMAT_VERSION:
+                raise ValueError(f"format_version {doc.get('format_version')!r} is not supported")
+            files = tuple(_file_entry(f) for f in doc["files"])
+            metric = doc.get("metric")
+            return cls(
+                step=_int(doc["step"]),
+                files=files,
+                created=str(doc.get("created", "")),
+                metric=None if metric is None else float(metric),
+                thrifty_version=str(doc.get("thrifty_version", "unknown")),
+                torch_version=str(doc.get("torch_version", "unknown")),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptCheckpointError(f"{where} is not a valid manifest ({exc})") from exc
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a non-negative integer, got {value!r}")
+    return value
+
+
+def _file_entry(doc: Any) -> FileEntry:
+    name = doc["name"]
+    if not isinstance(name, str) or not _SAFE_NAME.match(name) or name == MANIFEST:
+        raise ValueError(f"file name {name!r} is not a plain file name")
+    sha = doc["sha256"]
+    if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
+        raise ValueError(f"sha256 of {name} is malformed")
+    return FileEntry(name, _int(doc["size"]), sha)
+
+
+def clean_metric(metric: float | None) -> float | None:
+    """A finite float, or None: NaN or inf cannot rank checkpoints, so they are not recorded."""
+    if metric is None:
+        return None
+    value = float(metric)
+    return value if math.isfinite(value) else None
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def describe_file(path: str) -> FileEntry:
+    """Size and sha256 of a local file, as a manifest entry named after its base name."""
+    return FileEntry(os.path.basename(path), os.path.getsize(path), sha256_file(path))
+
+
+def check_file(path: str, entry: FileEntry, *, where: str) -> None:
+    """Raise CorruptCheckpointError naming `where` unless `path` matches `entry`."""
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"{where} is missing") from None
+    if size != entry.size:
+        raise CorruptCheckpointError(
+            f"{where} is {size} bytes but its manifest says {entry.size} (truncated or replaced)"
+        )
+    if sha256_file(path) != entry.sha256:
+        raise CorruptCheckpointError(
+            f"{where} does not match the sha256 in its manifest (corrupted)"
+        )
+
+
+def verify_dir(directory: str, manifest: Manifest, *, where: str) -> None:
+    """Check every file of a local checkpoint folder against its manifest."""
+    for entry in manifest.files:
+        check_file(os.path.join(directory, entry.name), entry, where=f"{where}/{entry.name}")
+
+
+def read_manifest(directory: str, *, where: str) -> Manifest | None:
+    """The manifest of a local folder, None if it has none (not published)."""
+    try:
+        with open(os.path.join(directory, MANIFEST), "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return Manifest.from_json(data, where=f"{where}/{MANIFEST}")
+
+
+# --- checkpoints in a storage location -----------------------------------------------------------
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def step_dir(step: int) -> str:
+    """Folder name of a checkpoint: `step-00000120`."""
+    return f"step-{step:08d}"
+
+
+def read_published(storage: Storage, step: int) -> Manifest | None:
+    """The manifest of checkpoint `step` in `storage`; None when it has none (not published)."""
+    name = step_dir(step)
+    try:
+        data = storage.read_bytes(f"{name}/{MANIFEST}")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    where = f"{redact(storage.uri)}/{name}"
+    manifest = Manifest.from_json(data, where=f"{where}/{MANIFEST}")
+    if manifest.step != step:
+        raise CorruptCheckpointError(f"{where} holds a manifest for step {manifest.step}")
+    return manifest
+
+
+def scan(storage: Storage, *, warn: bool = False) -> tuple[dict[int, Manifest], list[int]]:
+    """Published checkpoints (step -> manifest) and the steps of folders with no manifest.
+
+    A folder whose manifest is unreadable counts as neither; `warn` logs it by name.
+    """
+    published: dict[int, Manifest] = {}
+    orphans: list[int] = []
+    for name in storage.list():
+        match = _STEP_DIR.match(name)
+        if match is None:
+            continue
+        step = int(match.group(1))
+        try:
+            manifest = read_published(storage, step)
+        except CorruptCheckpointError as exc:
+            if warn:
+                log.warning("skipping checkpoint %s/%s: %s", redact(storage.uri), name, exc)
+            continue
+        if manifest is None:
+            orphans.append(step)
+        else:
+            published[step] = manifest
+    return published, orphans

@@ -1,0 +1,330 @@
+"""The cost meter: dollars spent so far, dollars per million tokens, projected dollars to finish.
+
+The price comes from a catalog instance (`cost.instance = "p5.48xlarge"`, on-demand or spot) or
+from a price per GPU-hour (`cost.usd_per_gpu_hour = 2.5`, `cost.gpus = 8`). The on-demand rate
+is kept beside the one paid, so a spot run's summary can say what it would have cost
+on-demand.
+
+Billing follows the price's unit: a catalog instance bills whole instances (a job using 1 GPU of
+an 8-GPU instance pays for 8; 16 GPUs of 8-GPU instances take 2), a per-GPU price bills `gpus`.
+
+Units: seconds, US dollars, dollars per hour for the whole job.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NoReturn
+
+from thrifty.errors import ConfigError
+
+if TYPE_CHECKING:
+    from thrifty.plan.catalog import Catalog
+
+PRICINGS = ("on-demand", "spot")
+
+
+def _fail(key: str, value: object, allowed: str) -> NoReturn:
+    raise ConfigError(f"cost.{key} = {value!r} is invalid: {allowed}")
+
+
+def _is_text(value: object) -> bool:
+    return isinstance(value, str) and value.strip() != ""
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CostConfig:
+    """What the run costs per hour: a catalog instance, or a price per GPU-hour.
+
+    Neither set: no cost meter. `pricing` picks the instance's on-demand or spot price; with
+    `usd_per_gpu_hour` it labels the price given, and `on_demand_usd_per_gpu_hour` may say what
+    on-demand would cost for comparison. `catalog`: a user catalog file (same layout as the
+    built-in one) with newer prices or more instances.
+    """
+
+    SECTION: ClassVar[str] = "cost"
+    instance: str | None = None
+    usd_per_gpu_hour: float | None = None
+    gpus: int = 1
+    pricing: Literal["on-demand", "spot"] = "on-demand"
+    on_demand_usd_per_gpu_hour: float | None = None
+    catalog: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.instance is not None and self.usd_per_gpu_hour is not None:
+            _fail(
+                "usd_per_gpu_hour", self.usd_per_gpu_hour,
+                f"give cost.instance ({self.instance!r}) or cost.usd_per_gpu_hour, not both",
+            )
+        if self.instance is not None and not _is_text(self.instance):
+            _fail("instance", self.instance, "must be an instance name from the catalog")
+        for key in ("usd_per_gpu_hour", "on_demand_usd_per_gpu_hour"):
+            value = getattr(self, key)
+            if value is not None and not (_is_number(value) and math.isfinite(value) and value > 0):
+                _fail(key, value, "must be a price in USD per GPU-hour, greater than 0")
+        if not (isinstance(self.gpus, int) and not isinstance(self.gpus, bool) and self.gpus >= 1):
+            _fail("gpus", self.gpus, "must be a whole number of GPUs, 1 or more")
+        if self.pricing not in PRICINGS:
+            _fail("pricing", self.pricing, f"use {' or '.join(PRICINGS)}")
+        if self.on_demand_usd_per_gpu_hour is not None and (
+            self.usd_per_gpu_hour is None or self.pricing != "spot"
+        ):
+            _fail(
+                "on_demand_usd_per_gpu_hour", self.on_demand_usd_per_gpu_hour,
+                "only compares with a spot price: set cost.usd_per_gpu_hour and "
+                "cost.pricing = 'spot' (an instance's on-demand price comes from the catalog)",
+            )
+        if self.catalog is not None and not _is_text(self.catalog):
+            _fail("catalog", self.catalog, "must be the path of a catalog TOML file")
+
+    @property
+    def enabled(self) -> bool:
+        """True when a price is configured (the run gets a cost meter)."""
+        return self.instance is not None or self.usd_per_gpu_hour is not None
+
+
+@dataclass(frozen=True, slots=True)
+class CostSnapshot:
+    """Spend so far. Rates are None until there is something to divide by."""
+
+    elapsed_seconds: float
+    usd: float
+    usd_per_million_tokens: float | None
+    usd_per_thousand_samples: float | None
+
+    def describe(self) -> str:
+        """For a progress bar: "$12.34 · $0.56/M tokens" (or "/k samples" with no tokens)."""
+        text = f"${self.usd:,.2f}"
+        if self.usd_per_million_tokens is not None:
+            return f"{text} · ${self.usd_per_million_tokens:,.3g}/M tokens"
+        if self.usd_per_thousand_samples is not None:
+            return f"{text} · ${self.usd_per_thousand_samples:,.3g}/k samples"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class CostProjection:
+    """Time and dollars still to go to finish the budget, and the totals at the end."""
+
+    remaining_seconds: float
+    remaining_usd: float
+    total_seconds: float
+    total_usd: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class CostSummary:
+    """What the run cost: GPU-hours billed, dollars paid, and the on-demand equivalent."""
+
+    seconds: float
+    gpus: int
+    gpu_hours: float
+    usd: float
+    pricing: str
+    usd_per_hour: float
+    on_demand_usd: float | None  # None when the on-demand price is unknown
+    source: str
+    usd_per_million_tokens: float | None
+    usd_per_thousand_samples: float | None
+
+    def describe(self) -> str:
+        text = f"{self.gpu_hours:,.2f} GPU-hours, ${self.usd:,.2f} ({self.pricing})"
+        if self.pricing != "on-demand" and self.on_demand_usd is not None:
+            saved = 1 - self.usd / self.on_demand_usd if self.on_demand_usd else 0.0
+            text += f"; on-demand would have cost ${self.on_demand_usd:,.2f} ({saved:.0%} saved)"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class CostMeter:
+    """Dollars spent as the run goes, from a price per hour for the whole job.
+
+    `usd_per_hour`: what the job pays per hour at `pricing`; `on_demand_usd_per_hour`: the
+    on-demand rate for comparison (None when unknown); `gpus`: GPUs billed, for GPU-hours.
+    Build one with `from_config`, `from_instance` or `from_price`.
+    """
+
+    def __init__(
+        self,
+        *,
+        usd_per_hour: float,
+        gpus: int,
+        pricing: str = "on-demand",
+        on_demand_usd_per_hour: float | None = None,
+        source: str = "given",
+    ) -> None:
+        if not (_is_number(usd_per_hour) and math.isfinite(usd_per_hour) and usd_per_hour > 0):
+            raise ConfigError(
+                f"cost: price {usd_per_hour!r} USD/hour is invalid: must be greater than 0"
+            )
+        if not (isinstance(gpus, int) and gpus >= 1):
+            _fail("gpus", gpus, "must be a whole number of GPUs, 1 or more")
+        if pricing not in PRICINGS:
+            _fail("pricing", pricing, f"use {' or '.join(PRICINGS)}")
+        if pricing == "on-demand" and on_demand_usd_per_hour is None:
+            on_demand_usd_per_hour = usd_per_hour
+        self.usd_per_hour = float(usd_per_hour)
+        self.on_demand_usd_per_hour = on_demand_usd_per_hour
+        self.gpus = gpus
+        self.pricing = pricing
+        self.source = source
+        self.elapsed_seconds = 0.0
+        self.tokens = 0
+        self.samples = 0
+
+    # --- construction ------------------------------------------------------------------------
+
+    @classmethod
+    def from_config(cls, config: CostConfig, catalog: Catalog | None = None) -> CostMeter:
+        """The meter `config` describes; `catalog` overrides `config.catalog` when given."""
+        if config.instance is not None:
+            if catalog is None and config.catalog is not None:
+                from thrifty.plan.catalog import load_catalog
+
+                catalog = load_catalog(config.catalog)
+            return cls.from_instance(
+                config.instance, pricing=config.pricing, gpus=config.gpus, catalog=catalog
+            )
+        if config.usd_per_gpu_hour is None:
+            raise ConfigError(
+                "cost has no price: set cost.instance (a catalog name) or cost.usd_per_gpu_hour"
+            )
+        on_demand = config.on_demand_usd_per_gpu_hour
+        return cls(
+            usd_per_hour=config.usd_per_gpu_hour * config.gpus,
+            gpus=config.gpus,
+            pricing=config.pricing,
+            on_demand_usd_per_hour=None if on_demand is None else on_demand * config.gpus,
+            source=f"given: ${config.usd_per_gpu_hour:g}/GPU-hour × {config.gpus} GPU(s)",
+        )
+
+    @classmethod
+    def from_price(
+        cls,
+        usd_per_gpu_hour: float,
+        *,
+        gpus: int = 1,
+        pricing: Literal["on-demand", "spot"] = "on-demand",
+        on_demand_usd_per_gpu_hour: float | None = None,
+    ) -> CostMeter:
+        """A meter for `gpus` GPUs at `usd_per_gpu_hour` each (validated like `cost.*`)."""
+        return cls.from_config(CostConfig(
+            usd_per_gpu_hour=usd_per_gpu_hour, gpus=gpus, pricing=pricing,
+            on_demand_usd_per_gpu_hour=on_demand_usd_per_gpu_hour,
+        ))
+
+    @classmethod
+    def from_instance(
+        cls,
+        name: str,
+        *,
+        pricing: Literal["on-demand", "spot"] = "on-demand",
+        gpus: int = 1,
+        catalog: Catalog | None = None,
+    ) -> CostMeter:
+        """A meter for whole catalog instances: enough of `name` to hold `gpus` GPUs.
+
+        An unknown name raises a one-line error suggesting the closest catalog names.
+        """
+        from thrifty.plan.catalog import UnknownNameError, load_catalog
+
+        CostConfig(instance=name, gpus=gpus, pricing=pricing)  # validates the arguments
+        catalog = catalog or load_catalog()
+        try:
+            instance = catalog.instance(name)
+        except UnknownNameError as exc:
+            raise ConfigError(f"cost.instance = {name!r} is invalid: {exc}") from None
+        count = math.ceil(gpus / instance.gpu_count)
+        try:
+            rate = instance.price_per_hour(pricing)
+        except ConfigError as exc:
+            raise ConfigError(f"cost.pricing = {pricing!r} is invalid: {exc}") from None
+        plural = f"{count} × " if count > 1 else ""
+        return cls(
+            usd_per_hour=rate * count,
+            gpus=count * instance.gpu_count,
+            pricing=pricing,
+            on_demand_usd_per_hour=instance.on_demand_per_hour * count,
+            source=f"{plural}{instance.name} {pricing} ${rate:g}/hour ({instance.dated_source})",
+        )
+
+    # --- metering ----------------------------------------------------------------------------
+
+    def update(self, elapsed_seconds: float, tokens: int = 0, samples: int = 0) -> CostSnapshot:
+        """Record the run's totals so far (wall seconds paid for, tokens, samples) and return
+        the spend: dollars, dollars per million tokens and per thousand samples."""
+        if elapsed_seconds < 0 or tokens < 0 or samples < 0:
+            raise ValueError(
+                f"CostMeter.update needs totals >= 0, got {elapsed_seconds} s, {tokens} tokens, "
+                f"{samples} samples"
+            )
+        self.elapsed_seconds, self.tokens, self.samples = float(elapsed_seconds), tokens, samples
+        return self.snapshot()
+
+    def snapshot(self) -> CostSnapshot:
+        usd = self.usd
+        return CostSnapshot(
+            elapsed_seconds=self.elapsed_seconds,
+            usd=usd,
+            usd_per_million_tokens=usd / self.tokens * 1e6 if self.tokens else None,
+            usd_per_thousand_samples=usd / self.samples * 1e3 if self.samples else None,
+        )
+
+    @property
+    def usd(self) -> float:
+        """Dollars spent so far."""
+        return self.usd_per_hour * self.elapsed_seconds / 3600
+
+    def project(
+        self, fraction_done: float | None = None, *, remaining_seconds: float | None = None
+    ) -> CostProjection:
+        """Seconds and dollars to finish, from the fraction of the budget done so far (the pace
+        so far continues) or from the seconds still to go."""
+        if (fraction_done is None) == (remaining_seconds is None):
+            raise ValueError("CostMeter.project needs fraction_done or remaining_seconds, not both")
+        if fraction_done is not None:
+            if not 0 < fraction_done <= 1:
+                raise ValueError(f"fraction_done = {fraction_done!r}: must be in (0, 1]")
+            remaining_seconds = self.elapsed_seconds * (1 - fraction_done) / fraction_done
+        assert remaining_seconds is not None
+        if remaining_seconds < 0:
+            raise ValueError(f"remaining_seconds = {remaining_seconds!r}: must be 0 or greater")
+        remaining_usd = self.usd_per_hour * remaining_seconds / 3600
+        return CostProjection(
+            remaining_seconds=remaining_seconds,
+            remaining_usd=remaining_usd,
+            total_seconds=self.elapsed_seconds + remaining_seconds,
+            total_usd=self.usd + remaining_usd,
+        )
+
+    def summary(self) -> CostSummary:
+        """GPU-hours billed, dollars paid and what on-demand would have cost."""
+        hours = self.elapsed_seconds / 3600
+        snap = self.snapshot()
+        return CostSummary(
+            seconds=self.elapsed_seconds,
+            gpus=self.gpus,
+            gpu_hours=self.gpus * hours,
+            usd=snap.usd,
+            pricing=self.pricing,
+            usd_per_hour=self.usd_per_hour,
+            on_demand_usd=(
+                None if self.on_demand_usd_per_hour is None else self.on_demand_usd_per_hour * hours
+            ),
+            source=self.source,
+            usd_per_million_tokens=snap.usd_per_million_tokens,
+            usd_per_thousand_samples=snap.usd_per_thousand_samples,
+        )

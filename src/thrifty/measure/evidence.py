@@ -1,0 +1,133 @@
+"""The measured facts a diagnosis reads: per-phase seconds of a training step, FLOPs, MFU,
+memory and utilization, and how they are worded.
+
+Units: seconds per optimizer step (means over the measured steps), bytes, FLOPs per step,
+utilization in percent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from thrifty.errors import ThriftyError
+
+PHASES = ("data_wait", "host_to_device", "forward", "backward", "optimizer", "checkpoint", "other")
+COMPUTE_PHASES = ("forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Evidence:
+    """Measured facts about a training job. Seconds are means per optimizer step.
+
+    Phase seconds must be measured with the device synchronized at phase boundaries (on a GPU
+    kernels run asynchronously; without a sync each phase shows only its launch time).
+    `other_seconds` None means the step time the other phases do not account for.
+    """
+
+    step_seconds: float
+    steps: int = 1  # optimizer steps measured
+    data_wait_seconds: float = 0.0
+    host_to_device_seconds: float = 0.0
+    forward_seconds: float = 0.0
+    backward_seconds: float = 0.0
+    optimizer_seconds: float = 0.0
+    checkpoint_seconds: float = 0.0
+    other_seconds: float | None = None
+    accumulation_steps: int = 1  # micro-batches per optimizer step
+    micro_batch: int | None = None  # samples per micro-batch
+    num_workers: int | None = None
+    fetch_seconds_per_batch: Mapping[int, float] | None = None  # WorkerChoice.seconds_per_batch
+    cpus: int | None = None  # CPUs this process may use
+    device_type: str = "cpu"
+    device_name: str | None = None
+    precision: str = "fp32"  # what the matmuls run in: fp32 | bf16 | fp16
+    tf32: bool = False  # fp32 matmuls may use TF32 tensor cores
+    native_bf16: bool = False  # the hardware runs bf16 matmuls natively
+    bf16_speedup: float | None = None  # bf16 peak ÷ peak of the dtype in use, when known
+    compiled: bool = False
+    activation_checkpointing: str = "off"  # the policy in use
+    flops_per_step: float | None = None
+    aten_ops_per_step: int | None = None  # forward + backward, all micro-batches
+    mfu: float | None = None  # model FLOP/s over the whole step ÷ peak
+    peak_source: str | None = None
+    peak_memory_bytes: float | None = None
+    device_memory_bytes: float | None = None
+    activation_bytes: float | None = None  # saved for backward, per micro-batch
+    gpu_util_mean: float | None = None  # percent
+    gpu_util_std: float | None = None
+    cpu_util_mean: float | None = None  # percent of all CPUs
+    cpu_util_std: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or not self.step_seconds > 0:
+            raise ThriftyError(
+                f"a profile of {self.steps} step(s) and {self.step_seconds!r} s per step cannot "
+                "be diagnosed: measure at least 1 step that takes time (--steps N with N >= 1)"
+            )
+        for phase in PHASES:
+            value = getattr(self, f"{phase}_seconds")
+            if value is not None and not value >= 0:
+                raise ValueError(f"Evidence.{phase}_seconds = {value!r}: must be 0 or greater")
+        if self.accumulation_steps < 1:
+            raise ValueError(
+                f"Evidence.accumulation_steps = {self.accumulation_steps}: must be 1 or more"
+            )
+
+    def seconds(self) -> dict[str, float]:
+        """Seconds per step of each phase in PHASES; `other` fills the step when not given."""
+        measured = {p: float(getattr(self, f"{p}_seconds")) for p in PHASES if p != "other"}
+        other = self.other_seconds
+        if other is None:
+            other = max(0.0, self.step_seconds - sum(measured.values()))
+        return {**measured, "other": float(other)}
+
+    def breakdown(self) -> dict[str, float]:
+        """Fractions of step time per phase, summing to 1 (of the phases' sum, should they add
+        up to more than the measured step)."""
+        seconds = self.seconds()
+        total = max(sum(seconds.values()), self.step_seconds)
+        shares = {p: s / total for p, s in seconds.items()}
+        shares["other"] += 1.0 - sum(shares.values())  # what rounding left out
+        return shares
+
+    @property
+    def compute_seconds(self) -> float:
+        return sum(getattr(self, f"{p}_seconds") for p in COMPUTE_PHASES)
+
+    @property
+    def compute_mfu(self) -> float | None:
+        """MFU over compute time only: MFU × step ÷ (forward + backward + optimizer)."""
+        if self.mfu is None or self.compute_seconds <= 0:
+            return None
+        return self.mfu * self.step_seconds / self.compute_seconds
+
+    @property
+    def seconds_per_op(self) -> float | None:
+        """Forward+backward seconds per aten op (what one op costs, launch included)."""
+        busy = self.forward_seconds + self.backward_seconds
+        if not self.aten_ops_per_step or busy <= 0:
+            return None
+        return busy / self.aten_ops_per_step
+
+    @property
+    def memory_fraction(self) -> float | None:
+        if not self.peak_memory_bytes or not self.device_memory_bytes:
+            return None
+        return self.peak_memory_bytes / self.device_memory_bytes
+
+
+def pct(fraction: float | None) -> str:
+    return "n/a" if fraction is None else f"{fraction * 100:.0f}%"
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} µs"
+
+
+def gib(n: float | None) -> str:
+    return "n/a" if n is None else f"{n / 2**30:.1f} GiB"

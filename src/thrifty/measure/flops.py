@@ -1,0 +1,161 @@
+"""Model FLOPs per step, counted once from the real model, and the analytic transformer estimate.
+
+`count_flops` runs one forward+backward (a closure the caller gives) under PyTorch's
+`FlopCounterMode`, which adds up the FLOPs of the matmuls, convolutions and attention it sees,
+and under a dispatch mode that counts every aten op dispatched: FLOPs say how much work a step
+is, the op count how many pieces it is cut into. Their ratio — and the step time divided by
+the op count — tell a compute-bound step from one where per-op overhead dominates.
+
+Units: FLOPs are floating-point operations (a multiply-add counts 2), per call of `fn`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import (
+    FlopCounterMode,
+    sdpa_backward_flop_count,
+    sdpa_flop_count,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FlopCount:
+    """What one call of the measured closure did.
+
+    `flops`: floating-point operations counted by `FlopCounterMode` (matmul, conv, attention;
+    elementwise ops are not counted, as in the MFU convention). `ops`: aten operators
+    dispatched, views and in-place updates included — each costs dispatcher time on the host
+    and most launch a kernel on a GPU. `activation_bytes`: bytes of tensors saved for
+    backward, parameters excluded and shared storage counted once (0 when not measured).
+    """
+
+    flops: float
+    ops: int
+    activation_bytes: int = 0
+
+    @property
+    def flops_per_op(self) -> float:
+        return self.flops / self.ops if self.ops else 0.0
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts every aten op that reaches the dispatcher (forward and backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(  # type: ignore[override]
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _SavedBytes:
+    """Adds up the storage of tensors autograd saves for backward, each storage once."""
+
+    def __init__(self) -> None:
+        self.storages: dict[int, int] = {}
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        base = tensor._base if tensor._base is not None else tensor
+        # A parameter (or a view of one, like the transposed weight a Linear saves) is held
+        # by the model anyway: it is not activation memory.
+        if not (base.is_leaf and base.requires_grad):
+            storage = tensor.untyped_storage()
+            self.storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    @staticmethod
+    def unpack(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    @property
+    def total(self) -> int:
+        return sum(self.storages.values())
+
+
+def _cpu_attention_flops(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> int:
+    return int(sdpa_flop_count(query, key, value))
+
+
+def _cpu_attention_backward_flops(
+    grad_out: Any, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any
+) -> int:
+    return int(sdpa_backward_flop_count(grad_out, query, key, value))
+
+
+def _extra_formulas() -> dict[Any, Any]:
+    """FLOP formulas FlopCounterMode lacks: the CPU flash-attention kernels behind
+    `scaled_dot_product_attention` (same arithmetic as the CUDA ones it does count)."""
+    aten = torch.ops.aten
+    extra: dict[Any, Any] = {}
+    # Feature-detected: the op names are private to PyTorch and may move.
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        extra[aten._scaled_dot_product_flash_attention_for_cpu] = _cpu_attention_flops
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        extra[aten._scaled_dot_product_flash_attention_for_cpu_backward] = (
+            _cpu_attention_backward_flops
+        )
+    return extra
+
+
+def count_flops(fn: Callable[[], Any]) -> FlopCount:
+    """Run `fn` once — one micro-batch forward and backward — and count what it did.
+
+    `fn` runs for real: gradients it computes accumulate in the model, so zero them afterwards
+    if the count is taken inside a training run. Tensors saved by activation-checkpointed
+    blocks are recomputed in backward, not stored, and are not counted in `activation_bytes`.
+    """
+    saved = _SavedBytes()
+    counter = _OpCounter()
+    flop_mode = FlopCounterMode(display=False, custom_mapping=_extra_formulas())
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+        with flop_mode, counter:
+            fn()
+    return FlopCount(float(flop_mode.get_total_flops()), counter.ops, saved.total)
+
+
+def transformer_flops_per_token(
+    n_params_non_embedding: float, n_layer: int, hidden: int, seq_len: int
+) -> float:
+    """Training FLOPs per token of a decoder transformer: 6·N + 12·L·H·T.
+
+    6·N: forward (2 FLOPs per parameter per token: a multiply-add) plus backward (twice the
+    forward). 12·L·H·T: attention scores and the weighted sum of values, 2·2·H·T per token and
+    layer forward, ×3 with backward (H = heads × head dimension, T = sequence length). N counts
+    the weights every token multiplies — all parameters but the embedding tables (an output
+    projection that is not tied to the embedding belongs to N). Same estimate as nanoGPT's
+    `estimate_mfu` and torchtitan's `get_dense_model_nparams_and_flops`; full causal scores
+    are counted, as kernels compute them.
+
+    Returns FLOPs per token for one forward+backward; multiply by tokens per second for the
+    achieved FLOP/s.
+    """
+    if min(n_params_non_embedding, n_layer, hidden, seq_len) <= 0:
+        raise ValueError(
+            "transformer_flops_per_token needs positive n_params_non_embedding, n_layer, hidden "
+            f"and seq_len, got {n_params_non_embedding}, {n_layer}, {hidden}, {seq_len}"
+        )
+    return 6.0 * n_params_non_embedding + 12.0 * n_layer * hidden * seq_len
+
+
+def mfu(flops_per_step: float, step_seconds: float, peak_flops_per_second: float) -> float:
+    """Model FLOPs utilization: achieved FLOP/s (FLOPs per step ÷ seconds per step) ÷ peak."""
+    if step_seconds <= 0 or peak_flops_per_second <= 0:
+        raise ValueError(
+            f"mfu needs positive step_seconds and peak, got {step_seconds} and "
+            f"{peak_flops_per_second}"
+        )
+    return flops_per_step / step_seconds / peak_flops_per_second

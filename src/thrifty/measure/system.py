@@ -1,0 +1,244 @@
+"""System sampling in a background thread: CPU and RAM (psutil), GPU utilization, memory and
+power (NVML, through `pynvml` from nvidia-ml-py).
+
+A daemon thread samples at a fixed rate; the training thread only calls `summary_and_reset()`
+once per logging interval, which returns each metric's mean and standard deviation over that
+interval. The deviation is the point: a GPU whose utilization swings between 0 and 100% is
+waiting for batches in bursts — the signature of a starved loader — even when its mean looks
+fine.
+
+Both libraries are optional and imported when sampling starts, never at import. Whatever is
+missing (psutil, nvidia-ml-py, a driver, a GPU) is said once, as a logging warning, and the
+rest keeps being sampled.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("thrifty")
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(key: str, message: str) -> None:
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    log.warning(message)
+
+
+class SystemSampler:
+    """Samples system metrics every `interval_seconds` in a daemon thread.
+
+    Metrics (whichever are available): `cpu_percent` (all CPUs, 0–100), `ram_percent` (system
+    memory in use), `process_rss_gib` (this process's resident memory), `gpu_util_percent`
+    (share of time a kernel ran), `gpu_memory_used_gib`, `gpu_power_watts`.
+
+    `gpu`: None samples the GPU when NVML finds one and says once why not otherwise; False never
+    samples it (a CPU run). `gpu_index`: the NVML index of the GPU to sample; by default the
+    first device of CUDA_VISIBLE_DEVICES (NVML ignores that variable), else 0.
+
+        sampler = SystemSampler(0.5).start()
+        ...
+        metrics.update(sampler.summary_and_reset())  # once per logging interval
+        ...
+        sampler.stop()
+    """
+
+    def __init__(
+        self,
+        interval_seconds: float = 0.5,
+        *,
+        gpu: bool | None = None,
+        gpu_index: int | None = None,
+    ) -> None:
+        if not interval_seconds > 0:
+            raise ValueError(f"interval_seconds = {interval_seconds!r}: must be greater than 0")
+        self.interval_seconds = interval_seconds
+        self._want_gpu = gpu
+        self._gpu_index = gpu_index
+        self._samples: dict[str, list[float]] = {}
+        self._count = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._psutil: Any = None
+        self._process: Any = None
+        self._nvml: Any = None
+        self._handle: Any = None
+        self._gpu_readers: dict[str, Callable[[], float]] = {}
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> SystemSampler:
+        """Open the sources that are available and start the sampling thread (idempotent)."""
+        if self._thread is not None:
+            return self
+        self._open_psutil()
+        if self._want_gpu is not False:
+            self._open_nvml()
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, name="thrifty-system-sampler", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread and release NVML; the samples not yet summarized are kept."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        thread.join(timeout=max(1.0, 2 * self.interval_seconds))
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:  # shutting down must never fail a run
+                pass
+            self._nvml = self._handle = None
+            self._gpu_readers = {}
+
+    def __enter__(self) -> SystemSampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def sources(self) -> list[str]:
+        """What is being sampled: 'psutil' and/or 'nvml'."""
+        return [name for name, on in (("psutil", self._psutil), ("nvml", self._handle)) if on]
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def summary_and_reset(self) -> dict[str, float]:
+        """Mean and standard deviation of each metric since the last call, then start afresh.
+
+        Keys: `<metric>_mean` and `<metric>_std` (population standard deviation, the swing),
+        plus `system_samples`, the number of samples summarized (0 when none was taken yet).
+        """
+        with self._lock:
+            samples, self._samples = self._samples, {}
+            count, self._count = self._count, 0
+        summary: dict[str, float] = {"system_samples": float(count)}
+        for name, values in samples.items():
+            if not values:
+                continue
+            mean = sum(values) / len(values)
+            var = sum((v - mean) ** 2 for v in values) / len(values)
+            summary[f"{name}_mean"] = mean
+            summary[f"{name}_std"] = math.sqrt(var)
+        return summary
+
+    def sample_once(self) -> dict[str, float]:
+        """Take one sample now (what the thread does each interval) and record it."""
+        values = {**self._sample_psutil(), **self._sample_gpu()}
+        with self._lock:
+            for name, value in values.items():
+                self._samples.setdefault(name, []).append(value)
+            self._count += 1
+        return values
+
+    # --- sampling thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sample_once()
+            except Exception as exc:  # a flaky sensor must not kill the thread or the run
+                _warn_once(f"sample-error-{type(exc).__name__}", f"system sampling: {exc}")
+            self._stop.wait(self.interval_seconds)
+
+    # --- sources ---------------------------------------------------------------------------
+
+    def _open_psutil(self) -> None:
+        try:
+            self._psutil = importlib.import_module("psutil")
+        except ImportError:
+            _warn_once(
+                "psutil",
+                "CPU and RAM are not sampled: psutil is not installed "
+                "(pip install 'thrifty[monitor]')",
+            )
+            return
+        self._process = self._psutil.Process()
+        self._psutil.cpu_percent(interval=None)  # the first reading is meaningless: prime it
+
+    def _open_nvml(self) -> None:
+        try:
+            nvml = importlib.import_module("pynvml")
+        except ImportError:
+            _warn_once(
+                "pynvml",
+                "GPU utilization, memory and power are not sampled: nvidia-ml-py is not "
+                "installed (pip install 'thrifty[monitor]')",
+            )
+            return
+        try:
+            nvml.nvmlInit()
+        except Exception as exc:
+            _warn_once(
+                "nvml-init",
+                "GPU utilization, memory and power are not sampled: no NVIDIA driver or GPU "
+                f"({exc})",
+            )
+            return
+        try:
+            count = nvml.nvmlDeviceGetCount()
+            index = self._gpu_index if self._gpu_index is not None else _visible_gpu_index()
+            if isinstance(index, str):
+                handle = nvml.nvmlDeviceGetHandleByUUID(index)
+            elif count > index:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            else:
+                raise LookupError(f"NVML sees {count} GPU(s), none with index {index}")
+        except Exception as exc:
+            _warn_once("nvml-device", f"GPU utilization, memory and power are not sampled: {exc}")
+            nvml.nvmlShutdown()
+            return
+        self._nvml, self._handle = nvml, handle
+        self._gpu_readers = {
+            "gpu_util_percent": lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+            "gpu_memory_used_gib": lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30,
+            "gpu_power_watts": lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+        }
+
+    def _sample_psutil(self) -> dict[str, float]:
+        if self._psutil is None:
+            return {}
+        return {
+            "cpu_percent": float(self._psutil.cpu_percent(interval=None)),
+            "ram_percent": float(self._psutil.virtual_memory().percent),
+            "process_rss_gib": self._process.memory_info().rss / 2**30,
+        }
+
+    def _sample_gpu(self) -> dict[str, float]:
+        values: dict[str, float] = {}
+        for name, read in list(self._gpu_readers.items()):
+            try:
+                values[name] = float(read())
+            except Exception as exc:  # some boards or drivers lack a reading (power, often)
+                del self._gpu_readers[name]
+                _warn_once(f"nvml-{name}", f"{name} is not sampled: NVML says {exc}")
+        return values
+
+
+def _visible_gpu_index() -> int | str:
+    """The NVML index (or UUID) of CUDA device 0: NVML numbers GPUs ignoring
+    CUDA_VISIBLE_DEVICES, so the first entry of that variable names the GPU this process uses."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if visible.isdigit():
+        return int(visible)
+    if visible.startswith(("GPU-", "MIG-")):
+        return visible
+    return 0

@@ -1,0 +1,468 @@
+"""The GPU and cloud-instance catalog: peak FLOP/s, memory, links and dated prices.
+
+The catalog ships as `catalog.toml` next to this module. A user file with the same layout, given
+as `load_catalog(path)`, `--catalog FILE` or the THRIFTY_CATALOG environment variable, adds rows
+or replaces rows of the same name, so prices can be brought up to date without a release.
+A malformed file is reported with its path, line and field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from thrifty.errors import ConfigError, ThriftyError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+BUILTIN_PATH = Path(__file__).with_name("catalog.toml")
+ENV_VAR = "THRIFTY_CATALOG"
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+PRICINGS = ("on-demand", "spot")
+
+
+class CatalogError(ConfigError):
+    """A catalog file is malformed: the message names the file, line and field."""
+
+
+class UnknownNameError(ThriftyError, LookupError):
+    """A GPU or instance name is not in the catalog: the message suggests the closest names."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GPU:
+    """One GPU model. Throughput in FLOP/s, memory in bytes, links in GB/s per direction."""
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    peak_tflops: Mapping[str, float]
+    peak_source: str
+    memory_gib: float
+    memory_bandwidth_gbs: float
+    memory_source: str
+    interconnect: str
+    interconnect_gbs_per_direction: float
+    interconnect_note: str = ""
+    bus_gbs: float | None = None
+    bus_source: str = ""
+    uncertain: tuple[str, ...] = ()
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak dense FLOP/s per GPU for `dtype` (one of fp32, tf32, bf16, fp16, fp8)."""
+        if dtype not in self.peak_tflops:
+            have = ", ".join(self.peak_tflops)
+            raise ConfigError(
+                f"dtype {dtype!r}: the catalog has no {dtype} peak for {self.name} "
+                f"(it has {have}); choose --dtype from those"
+            )
+        return self.peak_tflops[dtype] * 1e12
+
+    @property
+    def memory_bytes(self) -> float:
+        """Memory size in bytes (GiB x 2**30)."""
+        return self.memory_gib * 2**30
+
+    @property
+    def usable_bus_gbs(self) -> float:
+        """All-reduce bus bandwidth, GB/s per direction: measured if known, else datasheet."""
+        return self.bus_gbs if self.bus_gbs is not None else self.interconnect_gbs_per_direction
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Instance:
+    """One cloud instance type. Prices in USD per hour for the whole instance."""
+
+    name: str
+    provider: str
+    region: str
+    gpu: GPU
+    gpu_count: int
+    on_demand_per_hour: float
+    spot_per_hour: float | None
+    spot_range: tuple[float, float] | None
+    price_source: str
+    price_date: str
+    snapshot: str = ""
+    network_gbits: float | None = None
+    network_source: str = ""
+    uncertain: tuple[str, ...] = ()
+
+    def price_per_hour(self, pricing: str = "on-demand") -> float:
+        """USD per hour for the instance at `pricing` ('on-demand' or 'spot')."""
+        if pricing == "on-demand":
+            return self.on_demand_per_hour
+        if pricing != "spot":
+            raise ConfigError(f"pricing must be one of {', '.join(PRICINGS)}, got {pricing!r}")
+        if self.spot_per_hour is None:
+            raise ConfigError(
+                f"pricing 'spot': {self.name} has no spot price in the catalog; "
+                "use --pricing on-demand or add a spot price in a --catalog file"
+            )
+        return self.spot_per_hour
+
+    @property
+    def network_gbs(self) -> float | None:
+        """Instance network bandwidth in GB/s per direction (catalog figure in Gbit/s / 8)."""
+        return None if self.network_gbits is None else self.network_gbits / 8
+
+    @property
+    def dated_source(self) -> str:
+        return f"{self.price_source}, {self.price_date}"
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """GPUs and instances by name; lookups ignore case and accept GPU aliases."""
+
+    gpus: dict[str, GPU]
+    instances: dict[str, Instance]
+    files: tuple[str, ...] = field(default=())
+
+    def gpu(self, name: str | GPU) -> GPU:
+        """The GPU called `name` (or one of its aliases); raises with suggestions if unknown."""
+        if isinstance(name, GPU):
+            return name
+        key = name.casefold()
+        for gpu in self.gpus.values():
+            if key == gpu.name.casefold() or key in (a.casefold() for a in gpu.aliases):
+                return gpu
+        names = [g.name for g in self.gpus.values()] + [
+            a for g in self.gpus.values() for a in g.aliases
+        ]
+        raise UnknownNameError(_unknown("GPU", name, names, "thrifty prices --gpus"))
+
+    def instance(self, name: str | Instance) -> Instance:
+        """The instance called `name`; raises with suggestions if unknown."""
+        if isinstance(name, Instance):
+            return name
+        key = name.casefold()
+        for instance in self.instances.values():
+            if key == instance.name.casefold():
+                return instance
+        raise UnknownNameError(
+            _unknown("instance", name, list(self.instances), "thrifty prices --instances")
+        )
+
+    def find(self, name: str) -> GPU | Instance:
+        """An instance or GPU called `name`, for commands that accept either."""
+        try:
+            return self.instance(name)
+        except UnknownNameError:
+            pass
+        try:
+            return self.gpu(name)
+        except UnknownNameError:
+            names = list(self.instances) + [g.name for g in self.gpus.values()]
+            raise UnknownNameError(
+                _unknown("GPU or instance", name, names, "thrifty prices")
+            ) from None
+
+
+def _unknown(kind: str, name: str, names: list[str], listing: str) -> str:
+    by_key = {n.casefold(): n for n in names}
+    key = name.casefold()
+    close = [k for k in by_key if key in k]
+    close += [
+        k for k in difflib.get_close_matches(key, list(by_key), n=3, cutoff=0.4) if k not in close
+    ]
+    suggestions = [by_key[k] for k in close][:4]
+    hint = f"did you mean {', '.join(suggestions)}? " if suggestions else ""
+    return f"unknown {kind} {name!r}: {hint}(see '{listing}')"
+
+
+def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
+    """The built-in catalog, extended or overridden by a user file.
+
+    `path` (or, when it is None, the THRIFTY_CATALOG environment variable) names a TOML file with
+    the layout of the built-in `catalog.toml`; its rows add to or replace built-in rows by name.
+    """
+    rows = dict(_read_rows(str(BUILTIN_PATH)))
+    files = [str(BUILTIN_PATH)]
+    user = path if path is not None else os.environ.get(ENV_VAR) or None
+    if user is not None:
+        user_rows = _read_rows(os.fspath(user))
+        for kind in ("gpu", "instance"):
+            rows[kind] = {**rows[kind], **user_rows[kind]}
+        files.append(os.fspath(user))
+    return _build(rows, files)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_cached(path: str, mtime: float) -> dict[str, dict[str, _Row]]:
+    return _parse_file(path)
+
+
+def _read_rows(path: str) -> dict[str, dict[str, _Row]]:
+    try:
+        mtime = os.stat(path).st_mtime
+    except OSError as exc:
+        raise CatalogError(
+            f"catalog file {path!r} cannot be read: {exc.strerror}; check --catalog"
+        ) from None
+    return _read_cached(path, mtime)
+
+
+# --- parsing and validation -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One validated table of the file, with what is needed to report errors against it."""
+
+    values: dict[str, Any]
+    where: _Where
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    path: str
+    kind: str
+    header_line: int
+    key_lines: dict[str, int]
+
+    def error(self, name: str, key: str, problem: str) -> CatalogError:
+        line = self.key_lines.get(key.split(".")[0], self.header_line)
+        label = f"{self.kind} {name!r}" if name else f"{self.kind} entry"
+        return CatalogError(f"{self.path} line {line}: {label} field {key!r} {problem}")
+
+
+_STR, _NUM, _INT, _STRS, _PEAKS = "text", "number", "integer", "list of text", "table of TFLOP/s"
+
+_GPU_FIELDS = {
+    "name": (_STR, True),
+    "aliases": (_STRS, False),
+    "peak_tflops": (_PEAKS, True),
+    "peak_source": (_STR, True),
+    "memory_gib": (_NUM, True),
+    "memory_bandwidth_gbs": (_NUM, True),
+    "memory_source": (_STR, True),
+    "interconnect": (_STR, True),
+    "interconnect_gbs_per_direction": (_NUM, True),
+    "interconnect_note": (_STR, False),
+    "bus_gbs": (_NUM, False),
+    "bus_source": (_STR, False),
+    "uncertain": (_STRS, False),
+}
+_INSTANCE_FIELDS = {
+    "name": (_STR, True),
+    "snapshot": (_STR, False),
+    "provider": (_STR, True),
+    "region": (_STR, True),
+    "gpu": (_STR, True),
+    "gpu_count": (_INT, True),
+    "on_demand": (_NUM, False),
+    "on_demand_per_gpu": (_NUM, False),
+    "spot": (_NUM, False),
+    "spot_low": (_NUM, False),
+    "spot_high": (_NUM, False),
+    "price_source": (_STR, True),
+    "price_date": (_STR, True),
+    "network_gbits": (_NUM, False),
+    "network_source": (_STR, False),
+    "uncertain": (_STRS, False),
+}
+_FIELDS = {"gpu": _GPU_FIELDS, "instance": _INSTANCE_FIELDS}
+
+
+def _parse_file(path: str) -> dict[str, dict[str, _Row]]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CatalogError(
+            f"catalog file {path!r} cannot be read: {exc}; check --catalog"
+        ) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{path}: malformed TOML: {exc}") from None
+    for key in data:
+        if key not in ("schema", "gpu", "instance"):
+            line = _top_level_line(text, key)
+            raise CatalogError(
+                f"{path} line {line}: unknown top-level key {key!r}; "
+                "expected [[gpu]] or [[instance]] tables"
+            )
+    locations = _locate_tables(text)
+    rows: dict[str, dict[str, _Row]] = {"gpu": {}, "instance": {}}
+    for kind in ("gpu", "instance"):
+        tables = data.get(kind, [])
+        if not isinstance(tables, list):
+            raise CatalogError(
+                f"{path} line {_top_level_line(text, kind)}: {kind!r} must be [[{kind}]] tables"
+            )
+        for index, table in enumerate(tables):
+            header, keys = locations.get((kind, index), (0, {}))
+            where = _Where(path, kind, header, keys)
+            values = _validate_table(table, _FIELDS[kind], where)
+            key = values["name"].casefold()
+            if key in rows[kind]:
+                raise where.error(
+                    values["name"], "name", "repeats an earlier entry; names must be unique"
+                )
+            rows[kind][key] = _Row(values, where)
+    return rows
+
+
+def _validate_table(
+    table: dict[str, Any], fields: dict[str, tuple[str, bool]], where: _Where
+) -> dict[str, Any]:
+    name = table.get("name") if isinstance(table.get("name"), str) else ""
+    for key in table:
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; allowed: {', '.join(fields)}"
+            raise where.error(name, key, f"is not a known field{hint}")
+    for key, (kind, required) in fields.items():
+        if key not in table:
+            if required:
+                raise where.error(name, key, f"is missing (a {kind} is required)")
+            continue
+        _check_value(table[key], kind, key, name, where)
+    return dict(table)
+
+
+def _check_value(value: Any, kind: str, key: str, name: str, where: _Where) -> None:
+    if kind == _STR:
+        ok = isinstance(value, str) and value.strip() != ""
+    elif kind == _STRS:
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    elif kind == _INT:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    elif kind == _NUM:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    else:  # peak table
+        if not isinstance(value, dict) or not value:
+            raise where.error(name, key, f"must be a {kind} such as {{ bf16 = 312 }}")
+        for dtype, peak in value.items():
+            if dtype not in DTYPES:
+                raise where.error(
+                    name, f"{key}.{dtype}", f"is not a dtype; use {', '.join(DTYPES)}"
+                )
+            _check_value(peak, _NUM, f"{key}.{dtype}", name, where)
+        return
+    if not ok:
+        rule = {_INT: "a whole number > 0", _NUM: "a number > 0"}.get(kind, f"a {kind}")
+        raise where.error(name, key, f"must be {rule}, got {value!r}")
+
+
+_ARRAY_HEADER = re.compile(r"^\s*\[\[\s*([A-Za-z0-9_-]+)\s*\]\]")
+_TABLE_HEADER = re.compile(r"^\s*\[")
+_KEY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*=")
+
+
+def _locate_tables(text: str) -> dict[tuple[str, int], tuple[int, dict[str, int]]]:
+    """Line numbers of each [[kind]] header and of the keys inside it, for error messages."""
+    found: dict[tuple[str, int], tuple[int, dict[str, int]]] = {}
+    counts: dict[str, int] = {}
+    current: dict[str, int] | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = _ARRAY_HEADER.match(line)
+        if header:
+            kind = header.group(1)
+            index = counts.get(kind, 0)
+            counts[kind] = index + 1
+            current = {}
+            found[(kind, index)] = (number, current)
+        elif _TABLE_HEADER.match(line):
+            current = None
+        elif current is not None and (key := _KEY.match(line)):
+            current.setdefault(key.group(1), number)
+    return found
+
+
+def _top_level_line(text: str, key: str) -> int:
+    pattern = re.compile(rf"^\s*(\[+\s*)?{re.escape(key)}\s*(=|\])")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if pattern.match(line):
+            return number
+    return 1
+
+
+# --- building objects -------------------------------------------------------------------------
+
+
+def _build(rows: dict[str, dict[str, _Row]], files: list[str]) -> Catalog:
+    gpus = {row.values["name"]: _gpu(row.values) for row in rows["gpu"].values()}
+    catalog = Catalog(gpus=gpus, instances={}, files=tuple(files))
+    for row in rows["instance"].values():
+        instance = _instance(row, catalog)
+        catalog.instances[instance.name] = instance
+    return catalog
+
+
+def _gpu(values: dict[str, Any]) -> GPU:
+    return GPU(
+        name=values["name"],
+        aliases=tuple(values.get("aliases", ())),
+        peak_tflops={k: float(v) for k, v in values["peak_tflops"].items()},
+        peak_source=values["peak_source"],
+        memory_gib=float(values["memory_gib"]),
+        memory_bandwidth_gbs=float(values["memory_bandwidth_gbs"]),
+        memory_source=values["memory_source"],
+        interconnect=values["interconnect"],
+        interconnect_gbs_per_direction=float(values["interconnect_gbs_per_direction"]),
+        interconnect_note=values.get("interconnect_note", ""),
+        bus_gbs=values.get("bus_gbs"),
+        bus_source=values.get("bus_source", ""),
+        uncertain=tuple(values.get("uncertain", ())),
+    )
+
+
+def _instance(row: _Row, catalog: Catalog) -> Instance:
+    values, where, name = row.values, row.where, row.values["name"]
+    try:
+        gpu = catalog.gpu(values["gpu"])
+    except UnknownNameError as exc:
+        raise where.error(name, "gpu", f"names {exc}") from None
+    count = values["gpu_count"]
+    if ("on_demand" in values) == ("on_demand_per_gpu" in values):
+        raise where.error(
+            name, "on_demand", "needs exactly one of on_demand (per instance) or on_demand_per_gpu"
+        )
+    on_demand = values.get("on_demand") or values["on_demand_per_gpu"] * count
+    spot, spot_range = _spot(values, where)
+    return Instance(
+        name=name,
+        provider=values["provider"],
+        region=values["region"],
+        gpu=gpu,
+        gpu_count=count,
+        on_demand_per_hour=float(on_demand),
+        spot_per_hour=spot,
+        spot_range=spot_range,
+        price_source=values["price_source"],
+        price_date=values["price_date"],
+        snapshot=values.get("snapshot", ""),
+        network_gbits=values.get("network_gbits"),
+        network_source=values.get("network_source", ""),
+        uncertain=tuple(values.get("uncertain", ())),
+    )
+
+
+def _spot(values: dict[str, Any], where: _Where) -> tuple[float | None, tuple[float, float] | None]:
+    """Typical spot price: the quoted `spot`, else the midpoint of `spot_low`..`spot_high`."""
+    name = values["name"]
+    low, high = values.get("spot_low"), values.get("spot_high")
+    if (low is None) != (high is None):
+        raise where.error(
+            name,
+            "spot_low" if low is None else "spot_high",
+            "is missing; give both spot_low and spot_high",
+        )
+    if low is not None and high is not None and low > high:
+        raise where.error(name, "spot_low", f"({low}) is above spot_high ({high})")
+    spot_range = (float(low), float(high)) if low is not None and high is not None else None
+    if "spot" in values:
+        return float(values["spot"]), spot_range
+    if spot_range is not None:
+        return round((spot_range[0] + spot_range[1]) / 2, 6), spot_range
+    return None, None

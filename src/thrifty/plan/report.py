@@ -1,0 +1,358 @@
+"""Readable tables (rich) and JSON for the planner's results. Imported only by the commands."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table as _RichTable
+
+from thrifty.plan.case_study import CaseStudy
+from thrifty.plan.catalog import GPU, Catalog, Instance
+from thrifty.plan.chinchilla import Allocation
+from thrifty.plan.estimate import Estimate
+from thrifty.plan.levers import LeverPlan
+from thrifty.plan.memory import MemoryPlan
+from thrifty.plan.scaling import Scaling
+from thrifty.plan.spot import SpotPlan
+from thrifty.plan.units import fmt_bytes, fmt_count, fmt_dollars, fmt_hours, fmt_pct
+
+
+def console() -> Console:
+    # Off a terminal (pipes, files, tests) rich would assume 80 columns; the tables need more.
+    return Console(width=None if Console().is_terminal else 120, highlight=False)
+
+
+def Table(**kwargs: Any) -> _RichTable:  # noqa: N802 - stands in for rich's class
+    """A rich table in the planner's style: light rules, title on the left."""
+    return _RichTable(box=box.SIMPLE_HEAD, title_justify="left", title_style="bold", **kwargs)
+
+
+def to_json(data: Any) -> str:
+    """JSON with non-finite floats as null."""
+    return json.dumps(_clean(data), indent=2)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _kv(title: str, rows: Iterable[tuple[str, str]]) -> Table:
+    table = Table(title=title, show_header=False)
+    table.add_column("", style="bold")
+    table.add_column("")
+    for key, value in rows:
+        table.add_row(key, escape(value))
+    return table
+
+
+def print_assumptions(out: Console, notes: Iterable[str]) -> None:
+    for note in notes:
+        out.print(f"  [dim]assumed:[/dim] {escape(note)}", soft_wrap=True)
+    out.print()
+
+
+def estimate_table(e: Estimate) -> Table:
+    f = e.flops
+    rows = [
+        ("parameters", fmt_count(e.params)),
+        ("tokens", f"{fmt_count(e.tokens)} ({e.tokens / e.params:.1f} per parameter)"),
+        ("FLOPs, 6*N*D", f"{f.dense:.3g}"),
+    ]
+    if f.attention:
+        rows.append(("FLOPs, attention", f"{f.attention:.3g}"))
+    if f.recompute:
+        rows.append(("FLOPs, recompute", f"{f.recompute:.3g}"))
+    rows += [
+        ("FLOPs, total", f"{f.total:.3g}"),
+        ("hardware", f"{e.gpus} x {e.gpu}" + (f" ({e.instance})" if e.instance else "")),
+        ("peak per GPU", f"{e.peak_flops_per_gpu / 1e12:g} TFLOP/s ({e.dtype})"),
+        ("MFU", fmt_pct(e.mfu)),
+        ("wall-clock time", f"{fmt_hours(e.hours)} ({e.hours / 24:,.1f} days)"),
+        ("GPU-hours", f"{e.gpu_hours:,.0f}"),
+    ]
+    for pricing in ("on-demand", "spot"):
+        price = e.price_per_hour[pricing]
+        if price is not None:
+            rows.append((f"cost, {pricing}", f"{fmt_dollars(e.cost[pricing])} at ${price:,.2f}/h"))
+    return _kv("Job estimate", rows)
+
+
+def memory_table(m: MemoryPlan) -> Table:
+    rows = [
+        ("bytes per parameter", f"{m.per_param.total:g} (before sharding)"),
+        ("weights", fmt_bytes(m.weights)),
+        ("gradients", fmt_bytes(m.gradients)),
+        ("optimizer states", fmt_bytes(m.optimizer_states) + " (fp32 master copy included)"),
+    ]
+    if m.activations is not None:
+        rows.append(("activations", f"{fmt_bytes(m.activations)} (micro-batch {m.micro_batch})"))
+        rows.append(("logits", fmt_bytes(m.logits or 0.0)))
+    rows.append(("total per GPU", fmt_bytes(m.total)))
+    if m.layer_activations:
+        layer = m.layer_activations
+        rows.append(
+            (
+                "one layer's activations",
+                f"{fmt_bytes(layer['stored'])} stored, {fmt_bytes(layer['recomputed'])} recomputed "
+                f"(eager attention {fmt_bytes(layer['eager_attention'])}, "
+                f"flash {fmt_bytes(layer['flash_attention'])})",
+            )
+        )
+    if m.capacity is not None:
+        rows.append(
+            ("GPU memory", f"{fmt_bytes(m.capacity)} ({m.gpu}), usable {fmt_bytes(m.usable or 0)}")
+        )
+        rows.append(("fits", "yes" if m.fits else "NO"))
+    if m.max_micro_batch is not None:
+        rows.append(
+            (
+                "largest micro-batch",
+                f"{m.max_micro_batch} as configured, "
+                f"{m.max_micro_batch_full_recompute} with full recompute",
+            )
+        )
+    return _kv("Memory per GPU", rows)
+
+
+def scaling_table(s: Scaling) -> Table:
+    rows = [
+        ("GPUs", f"{s.gpus} ({s.nodes} node{'s' if s.nodes > 1 else ''} x {s.gpus_per_node} GPUs)"),
+        ("gradient all-reduce size", fmt_bytes(s.gradient_bytes)),
+        ("bus bandwidth", f"{s.bus_gbs:g} GB/s per direction ({s.bus_limited_by})"),
+        ("compute per step", f"{s.compute_seconds * 1e3:,.1f} ms"),
+        ("ring all-reduce per step", f"{s.allreduce_seconds * 1e3:,.1f} ms"),
+        (
+            "efficiency, no overlap",
+            f"{fmt_pct(s.efficiency_no_overlap)} "
+            f"({s.effective_gpus_no_overlap:.1f} effective GPUs)",
+        ),
+        (
+            "efficiency, with overlap",
+            f"{fmt_pct(s.efficiency_overlap)} ({s.effective_gpus_overlap:.1f} effective GPUs)",
+        ),
+    ]
+    return _kv("Scaling (data parallel)", rows)
+
+
+def spot_table(p: SpotPlan) -> Table:
+    be = p.break_even_rate_per_hour
+    rows = [
+        (
+            "interruption rate",
+            f"{p.rate_per_hour:.4g}/h (one every {fmt_hours(1 / p.rate_per_hour)})",
+        ),
+        (
+            "checkpoint interval",
+            f"{p.interval_seconds:,.0f} s ({p.interval_source}; Young {p.young_seconds:,.0f} s, "
+            f"Daly {p.daly_seconds:,.0f} s)",
+        ),
+        ("expected interruptions", f"{p.expected_interruptions:.2f}"),
+        (
+            "lost per interruption",
+            f"{fmt_hours(p.lost_hours_per_interruption)} (interval/2 + restart)",
+        ),
+        ("checkpoint overhead", fmt_hours(p.checkpoint_overhead_hours)),
+        (
+            "expected wall-clock",
+            f"{fmt_hours(p.expected_hours)} vs {fmt_hours(p.work_hours)} on-demand",
+        ),
+        ("cost, on-demand", f"{fmt_dollars(p.on_demand_cost)} at ${p.on_demand_per_hour:,.2f}/h"),
+        (
+            "expected cost, spot",
+            f"{fmt_dollars(p.spot_cost)} at ${p.spot_per_hour:,.2f}/h "
+            f"({fmt_pct(1 - p.spot_cost / p.on_demand_cost)} saved)",
+        ),
+        (
+            "break-even rate",
+            "spot never pays"
+            if be is None
+            else f"{be:.3g}/h (one every {fmt_hours(1 / be)}): above it spot costs more",
+        ),
+        (
+            "without checkpoints",
+            f"{fmt_hours(p.no_checkpoint_hours)}, "
+            f"{fmt_dollars(p.no_checkpoint_cost)} expected (restart from scratch)",
+        ),
+    ]
+    return _kv("Spot economics", rows)
+
+
+def chinchilla_table(chosen: Allocation, others: list[Allocation], notes: list[str]) -> Table:
+    table = Table(title=f"Compute-optimal allocation for {chosen.flops:.3g} FLOPs")
+    for column in ("fit", "parameters", "tokens", "tokens/param", "predicted loss", "6*N*D"):
+        table.add_column(column, justify="left" if column == "fit" else "right")
+    for a in [chosen, *others]:
+        label = a.fit + (" (chosen)" if a is chosen else "")
+        loss = "-" if a.loss is None else f"{a.loss:.3f}"
+        table.add_row(
+            label,
+            fmt_count(a.params),
+            fmt_count(a.tokens),
+            f"{a.tokens_per_param:.1f}",
+            loss,
+            f"{6 * a.params * a.tokens:.3g}",
+        )
+    return table
+
+
+_GROUP = {"price per hour": "price", "hours per run": "hours", "runs needed": "runs"}
+
+
+def levers_table(plan: LeverPlan, title: str = "Cost levers, applied in sequence") -> Table:
+    table = Table(title=f"{title} (USD per {plan.period})")
+    table.add_column("lever: change", no_wrap=True)
+    for column in ("before", "after", "saved", "saved %", "of baseline"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for s in plan.steps:
+        table.add_row(
+            f"{_GROUP.get(s.group, s.group)}: {s.lever}\n  [dim]{escape(s.detail)}[/dim]",
+            fmt_dollars(s.before),
+            fmt_dollars(s.after),
+            fmt_dollars(s.saving),
+            fmt_pct(s.saving_pct),
+            fmt_pct(s.saving / plan.baseline),
+        )
+    total = (plan.saving_pct, plan.saving_pct)
+    table.add_row("total", fmt_dollars(plan.baseline), fmt_dollars(plan.final),
+                  fmt_dollars(plan.saving), *map(fmt_pct, total), style="bold")  # fmt: skip
+    return table
+
+
+def print_case_study(out: Console, study: CaseStudy) -> None:
+    cat, art = study.catalog_levers, study.article_levers
+    out.print(
+        "[bold]The '$50K -> $18K' case study[/bold]: 8 A100 x 72 h per run, on-demand -> spot, "
+        "BF16 72 -> 48 h, larger batch 48 -> 40 h, early stopping of 4 of 24 runs at 60%.\n"
+        f"Recomputed at {escape(study.instance)}: {fmt_dollars(cat.baseline)} -> "
+        f"{fmt_dollars(cat.final)} per month (-{fmt_pct(cat.saving_pct)}); at the article's own "
+        f"prices {fmt_dollars(art.baseline)} -> {fmt_dollars(art.final)} "
+        f"(-{fmt_pct(art.saving_pct)}); the article prints $75,496 -> $21,800 (-71%).\n",
+        soft_wrap=True,
+    )
+    out.print(levers_table(cat, f"Recomputed at the catalog price ({study.instance})"))
+    out.print(levers_table(art, "Recomputed at the article's own implied prices"))
+    table = Table(title="Published figures, line by line")
+    for column in ("claim", "published", "recomputed", "verdict"):
+        table.add_column(column)
+    for c in study.checks:
+        verdict = "agrees" if c.agrees else "[bold red]DISAGREES[/]"
+        table.add_row(escape(c.claim), escape(c.published), escape(c.recomputed), verdict)
+    out.print(table)
+    out.print(f"[bold]{len(study.disagreements)} disagreements:[/bold]")
+    for line in study.disagreements:
+        out.print(f"- {escape(line)}", soft_wrap=True)
+    out.print()
+    print_assumptions(out, study.assumptions)
+
+
+def gpus_table(gpus: Iterable[GPU]) -> Table:
+    table = Table(title="GPUs (peak dense TFLOP/s per GPU)")
+    columns = (
+        "name",
+        "fp32",
+        "tf32",
+        "bf16",
+        "fp16",
+        "fp8",
+        "memory",
+        "mem GB/s",
+        "interconnect GB/s/dir",
+    )
+    for column in columns:
+        table.add_column(column, justify="left" if column == "name" else "right")
+    for g in gpus:
+        peaks = [
+            _mark(g, f"peak_tflops.{d}", f"{g.peak_tflops[d]:g}") if d in g.peak_tflops else "-"
+            for d in ("fp32", "tf32", "bf16", "fp16", "fp8")
+        ]
+        link = f"{g.interconnect_gbs_per_direction:g}, {g.interconnect}"
+        table.add_row(
+            g.name,
+            *peaks,
+            _mark(g, "memory_gib", f"{g.memory_gib:g} GiB"),
+            _mark(g, "memory_bandwidth_gbs", f"{g.memory_bandwidth_gbs:,.0f}"),
+            link,
+        )
+    return table
+
+
+def instances_table(instances: Iterable[Instance]) -> tuple[Table, list[str]]:
+    """The instance table and its numbered price sources."""
+    table = Table(title="Instances (USD per hour per instance)")
+    right = ("on-demand", "spot (range)", "per GPU-h")
+    for column in ("name", "GPUs", *right, "price date", "src"):
+        table.add_column(column, justify="right" if column in right else "left", no_wrap=True)
+    sources: list[str] = []
+    for i in instances:
+        source = f"{i.price_source}; {i.provider}, region {i.region}"
+        if source not in sources:
+            sources.append(source)
+        spot = "-"
+        if i.spot_per_hour is not None:
+            spot = f"{i.spot_per_hour:,.2f}"
+            if i.spot_range:
+                spot += f" ({i.spot_range[0]:g}-{i.spot_range[1]:g})"
+        table.add_row(
+            i.name,
+            f"{i.gpu_count}x {i.gpu.name}",
+            f"{i.on_demand_per_hour:,.2f}",
+            spot,
+            f"{i.on_demand_per_hour / i.gpu_count:,.2f}",
+            i.price_date,
+            f"({sources.index(source) + 1})",
+        )
+    return table, [f"({n}) {text}" for n, text in enumerate(sources, start=1)]
+
+
+def _mark(gpu: GPU, field: str, text: str) -> str:
+    return f"{text}*" if field in gpu.uncertain else text
+
+
+def detail_table(item: GPU | Instance) -> Table:
+    kind = "Instance" if isinstance(item, Instance) else "GPU"
+    return _kv(f"{kind} {item.name}", [(k, _show(v)) for k, v in item_dict(item).items()])
+
+
+def _show(value: Any) -> str:
+    if value is None or value == () or value == []:
+        return "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v:g}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def item_dict(item: GPU | Instance) -> dict[str, Any]:
+    """One catalog entry as plain data (an instance's GPU by name)."""
+    from dataclasses import asdict
+
+    data = asdict(item)
+    if isinstance(item, Instance):
+        data["gpu"] = item.gpu.name
+    return data
+
+
+def catalog_dict(catalog: Catalog, gpus: list[GPU], instances: list[Instance]) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    inst = []
+    for i in instances:
+        data = asdict(i)
+        data["gpu"] = i.gpu.name
+        inst.append(data)
+    return {"files": list(catalog.files), "gpus": [asdict(g) for g in gpus], "instances": inst}

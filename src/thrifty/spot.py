@@ -1,0 +1,191 @@
+"""Spot safety for the Trainer: when to checkpoint, what to resume from, and what to do when
+the machine is about to be taken back.
+
+`SpotGuard` composes the checkpoint store (`thrifty.checkpoint.CheckpointManager`), the
+preemption watcher (`thrifty.preemption.PreemptionWatcher`) and the checkpoint interval; the
+Trainer asks it one question per step boundary (`due`), which costs a clock read.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from thrifty.checkpoint import CheckpointInfo, CheckpointManager
+from thrifty.checkpoint.storage import is_remote, redact
+from thrifty.config import CheckpointConfig, SpotConfig, parse_duration
+from thrifty.errors import ThriftyError
+from thrifty.preemption import PreemptionWatcher
+
+log = logging.getLogger("thrifty")
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Checkpoint every `steps` optimizer steps or every `seconds` of training (or neither)."""
+
+    steps: int | None = None
+    seconds: float | None = None
+
+
+def auto_interval(
+    stall_seconds: float, save_seconds: float, interruption_rate: float | str
+) -> tuple[float, str]:
+    """The Young/Daly interval (seconds) for the measured stall, and a line explaining it.
+
+    With asynchronous saves the work lost to a checkpoint is the stall, not the full write, so
+    the stall is Daly's δ; the interval is never shorter than one full write (one save in flight).
+    """
+    from thrifty.plan.spot import checkpoint_interval
+
+    delta = max(stall_seconds, 1e-3)
+    if isinstance(interruption_rate, str):
+        plan = checkpoint_interval(delta, advisor_bucket=interruption_rate.replace(" ", ""))
+        rate_text = f"AWS advisor bucket {interruption_rate} ≈ {plan.rate_per_hour:.2e}/h"
+    else:
+        plan = checkpoint_interval(delta, rate_per_hour=interruption_rate)
+        rate_text = f"{interruption_rate:g} interruptions/h"
+    tau = max(plan.daly_seconds, save_seconds)
+    rate = plan.rate_per_hour / 3600.0
+    overhead = delta / tau + rate * tau / 2  # saving, plus half an interval lost per interruption
+    text = (
+        f"checkpoint every {_human(tau)} (Daly; measured stall {delta * 1e3:.0f} ms, full save "
+        f"{save_seconds:.2f} s, {rate_text}); expected overhead {overhead:.2%}"
+    )
+    return tau, text
+
+
+def _human(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.1f} s"
+
+
+class SpotGuard:
+    """Checkpoints on an interval and on preemption; finds the checkpoint to resume from."""
+
+    def __init__(self, checkpoint: CheckpointConfig, spot: SpotConfig, run_dir: Path) -> None:
+        self.config = checkpoint
+        default = str(run_dir / "checkpoints")
+        location = checkpoint.location or default
+        self.manager = CheckpointManager(
+            location,
+            local_dir=checkpoint.local_dir or (default if is_remote(location) else None),
+            keep_last=checkpoint.keep_last,
+            keep_best=checkpoint.keep_best,
+            storage_options=checkpoint.storage_options,
+            upload_retries=checkpoint.upload_retries,
+        )
+        self.watcher = PreemptionWatcher(
+            spot.provider, base_url=spot.metadata_url, poll_interval=spot.poll_seconds
+        )
+        self.interval = self._fixed_interval()
+        self._last_save_step = 0
+        self._last_save_time = time.perf_counter()
+
+    def _fixed_interval(self) -> Interval:
+        every = self.config.every
+        if isinstance(every, int):
+            return Interval(steps=every)
+        if every in ("auto", "off"):
+            return Interval()  # auto: set after the first save has been measured
+        return Interval(seconds=parse_duration(every, "checkpoint.every"))
+
+    def describe(self) -> str:
+        where = redact(self.manager.location)
+        if self.interval.steps:
+            return f"checkpoints: every {self.interval.steps} steps to {where}"
+        if self.interval.seconds:
+            return f"checkpoints: every {_human(self.interval.seconds)} to {where}"
+        if self.config.every == "auto":
+            return f"checkpoints: to {where}; interval auto (Young/Daly after a first measured save)"
+        return f"checkpoints: off (emergency and final saves only) to {where}"
+
+    # --- resume -------------------------------------------------------------------------------
+
+    def resume_point(self) -> tuple[CheckpointInfo | str | None, str]:
+        """What `checkpoint.resume` points at: a checkpoint (or its path) to load, or None."""
+        mode = self.config.resume
+        if mode == "never":
+            return None, "resume = never"
+        if mode == "auto":
+            info = self.manager.latest()
+            where = redact(self.manager.location)
+            return info, f"newest valid checkpoint at {where}" if info else f"no checkpoint at {where}"
+        return mode, f"checkpoint {redact(mode)}"
+
+    def has_checkpoints(self) -> bool:
+        return self.manager.latest() is not None
+
+    def load(self, ref: CheckpointInfo | str) -> dict[str, Any]:
+        return self.manager.load(ref)
+
+    # --- the step boundary -----------------------------------------------------------------------
+
+    def start(self, step: int) -> None:
+        self._last_save_step = step
+        self._last_save_time = time.perf_counter()
+        self.watcher.start()
+
+    @property
+    def preempted(self) -> bool:
+        return self.watcher.requested
+
+    def due(self, step: int) -> bool:
+        """Whether the interval asks for a checkpoint after optimizer step `step`."""
+        if self.config.every == "auto" and self.interval == Interval():
+            return step == 1  # the first save measures the stall the auto interval needs
+        if self.interval.steps is not None:
+            return step - self._last_save_step >= self.interval.steps
+        if self.interval.seconds is not None:
+            return time.perf_counter() - self._last_save_time >= self.interval.seconds
+        return False
+
+    def save(self, step: int, state: dict[str, Any], metric: float | None) -> None:
+        self.manager.save(step, state, metric=metric)
+        self._last_save_step = step
+        self._last_save_time = time.perf_counter()
+        if self.config.every == "auto" and self.interval == Interval():
+            self.manager.wait()  # once: the interval needs the full save time
+            tau, text = auto_interval(
+                self.manager.last_stall_seconds, self.manager.last_save_seconds,
+                self.config.interruption_rate,
+            )
+            self.interval = Interval(seconds=tau)
+            log.info(text)
+
+    def emergency_save(self, step: int, state: dict[str, Any], metric: float | None) -> bool:
+        """Save now and wait for it (and its upload) up to the configured deadline."""
+        log.warning("%s: saving an emergency checkpoint at step %d", self.watcher.reason, step)
+        self.manager.save(step, state, metric=metric)
+        done = self.manager.wait(self.config.upload_deadline_seconds)
+        pending = self.manager.pending_uploads if done else [step]
+        if pending:
+            log.warning(
+                "upload of step(s) %s not confirmed within %s; the local copy in %s is kept",
+                pending, self.config.upload_deadline, self.manager.local_dir,
+            )
+        return done and not pending
+
+    def finish(self, step: int, state: dict[str, Any] | None, metric: float | None) -> None:
+        """Write the final checkpoint (if `state`), wait for it, stop watching."""
+        try:
+            if state is not None and not math.isnan(step):
+                self.manager.save(step, state, metric=metric)
+            self.manager.close()
+        finally:
+            self.watcher.stop()
+
+    def abandon(self) -> None:
+        """Stop watching after an error; a save in flight finishes on its own thread."""
+        self.watcher.stop()
+        try:
+            self.manager.close(timeout=30)
+        except ThriftyError as exc:
+            log.warning("checkpoint error while stopping: %s", exc)

@@ -1,0 +1,69 @@
+"""Loading a checkpoint never executes code from it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+from thrifty.checkpoint import CheckpointManager, UnsafeCheckpointError
+
+
+class RunsACommand:
+    """Unpickling this calls os.system: what a booby-trapped checkpoint would do."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def plant_checkpoint(folder, state) -> None:
+    """Write a checkpoint folder by hand, with a manifest that matches its bytes."""
+    folder.mkdir(parents=True)
+    torch.save(state, folder / "state.pt")
+    data = (folder / "state.pt").read_bytes()
+    manifest = {
+        "format": "thrifty-checkpoint",
+        "format_version": 1,
+        "step": int(folder.name.split("-")[1]),
+        "created": "2026-01-01T00:00:00Z",
+        "metric": None,
+        "thrifty_version": "0",
+        "torch_version": torch.__version__,
+        "files": [
+            {"name": "state.pt", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        ],
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="uses touch")
+def test_a_checkpoint_whose_pickle_would_run_a_command_is_refused_and_nothing_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    folder = tmp_path / "ckpt" / "step-00000005"
+    plant_checkpoint(folder, {"model": {"w": torch.ones(2)}, "x": RunsACommand(f"touch {marker}")})
+
+    manager = CheckpointManager(str(tmp_path / "ckpt"))
+    info = manager.latest()  # its bytes match its manifest: only loading can tell
+    assert info is not None and info.step == 5
+    for ref in (info, str(folder)):
+        with pytest.raises(UnsafeCheckpointError) as excinfo:
+            manager.load(ref)
+        message = str(excinfo.value)
+        assert "refusing to load" in message and "step-00000005/state.pt" in message
+        assert "never executes code" in message and "\n" not in message
+    assert not marker.exists()
+
+
+def test_plain_tensors_and_values_load_with_weights_only(tmp_path):
+    folder = tmp_path / "step-00000001"
+    state = {"w": torch.arange(4), "meta": {"lr": 0.1, "name": "run", "flags": (True, None)}}
+    plant_checkpoint(folder, state)
+    loaded = CheckpointManager(str(tmp_path)).load(str(folder))
+    assert torch.equal(loaded["w"], state["w"]) and loaded["meta"] == state["meta"]

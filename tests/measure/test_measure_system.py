@@ -1,0 +1,143 @@
+"""System sampling: means and swings per interval, and graceful without psutil or NVML."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import types
+
+import pytest
+
+from thrifty.measure import system
+from thrifty.measure.system import SystemSampler
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(system, "_warned", set())
+
+
+def _fake_nvml(power_fails: bool = True) -> types.SimpleNamespace:
+    """A pynvml stand-in whose GPU alternates between idle and busy (a starved loader)."""
+    state = {"reads": 0}
+
+    def utilization(handle: object) -> types.SimpleNamespace:
+        state["reads"] += 1
+        return types.SimpleNamespace(gpu=100 if state["reads"] % 2 else 0)
+
+    def power(handle: object) -> int:
+        if power_fails:
+            raise RuntimeError("Not Supported")
+        return 300_000  # milliwatts
+
+    nvml = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda index: f"gpu{index}",
+        nvmlDeviceGetUtilizationRates=utilization,
+        nvmlDeviceGetMemoryInfo=lambda handle: types.SimpleNamespace(used=3 * 2**30),
+        nvmlDeviceGetPowerUsage=power,
+    )
+    return nvml
+
+
+def test_sampler_reports_mean_and_swing_of_cpu_and_ram_per_interval() -> None:
+    pytest.importorskip("psutil")
+    with SystemSampler(interval_seconds=0.01, gpu=False) as sampler:
+        deadline = time.monotonic() + 5
+        while sampler.summary_and_reset().get("system_samples", 0) == 0:  # drop the first
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.1)
+        summary = sampler.summary_and_reset()
+    assert summary["system_samples"] >= 2
+    for metric in ("cpu_percent", "ram_percent", "process_rss_gib"):
+        assert summary[f"{metric}_std"] >= 0
+    assert 0 <= summary["cpu_percent_mean"] <= 100
+    assert summary["process_rss_gib_mean"] > 0
+
+
+def test_summary_starts_afresh_after_each_call() -> None:
+    sampler = SystemSampler(gpu=False)  # never started: sample by hand
+    sampler.sample_once()
+    sampler.sample_once()
+    assert sampler.summary_and_reset()["system_samples"] == 2
+    assert sampler.summary_and_reset() == {"system_samples": 0}
+
+
+def test_gpu_swing_is_measured_through_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(power_fails=False))
+    sampler = SystemSampler()
+    sampler._open_nvml()
+    for _ in range(10):
+        sampler.sample_once()
+    summary = sampler.summary_and_reset()
+    assert summary["gpu_util_percent_mean"] == pytest.approx(50)
+    assert summary["gpu_util_percent_std"] == pytest.approx(50)  # idle, busy, idle, busy...
+    assert summary["gpu_memory_used_gib_mean"] == pytest.approx(3)
+    assert summary["gpu_power_watts_mean"] == pytest.approx(300)
+
+
+def test_without_nvidia_ml_py_it_says_so_once_and_keeps_sampling(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails as if not installed
+    with caplog.at_level(logging.WARNING, logger="thrifty"):
+        for _ in range(2):
+            with SystemSampler(interval_seconds=0.01) as sampler:
+                sampler.sample_once()
+                summary = sampler.summary_and_reset()
+    said = [r.getMessage() for r in caplog.records if "nvidia-ml-py" in r.getMessage()]
+    assert len(said) == 1
+    assert "pip install 'thrifty[monitor]'" in said[0]
+    assert "gpu_util_percent_mean" not in summary
+    assert summary["system_samples"] >= 1
+
+
+def test_without_psutil_or_nvml_the_sampler_still_runs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "psutil", None)
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with caplog.at_level(logging.WARNING, logger="thrifty"):
+        with SystemSampler(interval_seconds=0.01) as sampler:
+            assert sampler.sources == []
+            time.sleep(0.03)
+            summary = sampler.summary_and_reset()
+    assert set(summary) == {"system_samples"}
+    assert any("psutil is not installed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_reading_the_board_lacks_is_dropped_after_saying_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(power_fails=True))
+    sampler = SystemSampler(gpu=None)
+    sampler._open_nvml()
+    with caplog.at_level(logging.WARNING, logger="thrifty"):
+        for _ in range(3):
+            sampler.sample_once()
+    summary = sampler.summary_and_reset()
+    assert "gpu_power_watts_mean" not in summary
+    assert "gpu_util_percent_mean" in summary
+    assert sum("gpu_power_watts" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_cpu_run_does_not_look_for_a_gpu(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with caplog.at_level(logging.WARNING, logger="thrifty"):
+        SystemSampler(interval_seconds=0.01, gpu=False).start().stop()
+    assert not any("GPU" in r.getMessage() for r in caplog.records)
+
+
+def test_stop_ends_the_thread_and_interval_must_be_positive() -> None:
+    sampler = SystemSampler(interval_seconds=0.01, gpu=False).start()
+    thread = sampler._thread
+    sampler.stop()
+    assert thread is not None and not thread.is_alive()
+    with pytest.raises(ValueError, match="interval_seconds"):
+        SystemSampler(interval_seconds=0)

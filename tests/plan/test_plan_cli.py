@@ -1,0 +1,209 @@
+"""`thrifty plan` and `thrifty prices`, run in-process: tables, JSON, charts and bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+JOB = ["plan", "--params", "7B", "--tokens", "140B", "--instance", "p4d.24xlarge@v7"]
+
+
+def test_prices_lists_gpus_and_instances_with_sources_and_dates(cli) -> None:
+    r = cli("prices")
+    assert r.code == 0
+    for text in (
+        "GPUs (peak dense TFLOP/s per GPU)",
+        "H100-SXM",
+        "989.5",
+        "p4d.24xlarge@v7",
+        "32.77",
+        "2026-02-12",
+        "SkyPilot catalog snapshot v7",
+    ):
+        assert text in r.out
+
+
+def test_prices_shows_one_entry_in_full(cli) -> None:
+    r = cli("prices", "a2-highgpu-8g")
+    assert r.code == 0
+    assert "google-cloud-pricing-cost-calculator" in r.out and "us-central1" in r.out
+
+
+def test_prices_json_is_machine_readable(cli) -> None:
+    data = cli("prices", "--instances", "--json").json()
+    assert data["gpus"] == []
+    row = next(i for i in data["instances"] if i["name"] == "p5.48xlarge")
+    assert row["on_demand_per_hour"] == 55.04 and row["price_date"] == "2026"
+
+
+def test_prices_reads_a_user_catalog(cli, tmp_path) -> None:
+    user = tmp_path / "mine.toml"
+    user.write_text(
+        '[[instance]]\nname = "box"\nprovider = "onprem"\nregion = "lab"\ngpu = "L4"\n'
+        'gpu_count = 4\non_demand = 3.0\nprice_source = "amortised"\nprice_date = "2026-10"\n'
+    )
+    r = cli("prices", "--instances", "--provider", "onprem", "--catalog", str(user))
+    assert r.code == 0 and "box" in r.out and "p4d" not in r.out
+
+
+def test_plan_prints_estimate_and_memory_with_assumptions(cli) -> None:
+    r = cli(*JOB)
+    assert r.code == 0
+    for text in (
+        "Job estimate",
+        "cost, on-demand",
+        "Memory per GPU",
+        "MFU 35.0% assumed",
+        "SkyPilot catalog snapshot v7",
+        "fits",
+    ):
+        assert text in r.out
+
+
+def test_plan_json_matches_the_python_api(cli) -> None:
+    from thrifty.plan import estimate
+
+    data = cli(*JOB, "--json").json()
+    api = estimate(7e9, 140e9, instance="p4d.24xlarge@v7")
+    assert data["estimate"]["hours"] == pytest.approx(api.hours)
+    assert data["estimate"]["cost"]["spot"] == pytest.approx(api.cost["spot"])
+    assert data["memory"]["per_param_total"] == 16
+    assert data["estimate"]["assumptions"]
+
+
+def test_plan_from_a_transformer_shape_and_steps_adds_scaling(cli) -> None:
+    r = cli(
+        "plan",
+        "--layers",
+        "12",
+        "--hidden",
+        "768",
+        "--heads",
+        "12",
+        "--vocab",
+        "50257",
+        "--seq",
+        "1024",
+        "--steps",
+        "600000",
+        "--batch",
+        "480",
+        "--instance",
+        "p4d.24xlarge",
+        "--json",
+    )
+    data = r.json()
+    assert data["estimate"]["tokens"] == 600000 * 480 * 1024
+    assert data["memory"]["activations"] > 0
+    assert data["scaling"]["gpus"] == 8 and 0 < data["scaling"]["efficiency_no_overlap"] <= 1
+
+
+def test_plan_with_an_advisor_bucket_adds_spot_economics(cli) -> None:
+    data = cli(*JOB, "--advisor", "5-10%", "--save-seconds", "120", "--json").json()
+    spot = data["spot"]
+    assert spot["save_seconds"] == 120
+    assert spot["spot_cost"] < spot["on_demand_cost"]
+    assert spot["break_even_rate_per_hour"] > spot["rate_per_hour"]
+
+
+def test_plan_levers_prints_a_table_and_writes_a_waterfall(cli, tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    chart = tmp_path / "levers.png"
+    r = cli(*JOB, "--levers", "--runs", "24", "--early-stop", "4", "--plot", str(chart))
+    assert r.code == 0, r.err
+    assert "price: spot instances" in r.out and "runs: early stopping" in r.out
+    assert chart.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plan_budget_prints_the_compute_optimal_allocation(cli) -> None:
+    r = cli("plan", "--budget-flops", "5.88e23")
+    assert r.code == 0
+    assert "epoch (chosen)" in r.out and "hoffmann" in r.out and "tokens-per-param" in r.out
+    data = cli("plan", "--budget-flops", "5.88e23", "--json").json()["chinchilla"]
+    assert data["params"] == pytest.approx(70e9, rel=0.1)
+    assert 6 * data["params"] * data["tokens"] == pytest.approx(5.88e23)
+
+
+def test_plan_budget_in_dollars_is_priced_at_the_instance(cli) -> None:
+    data = cli(
+        "plan",
+        "--budget-dollars",
+        "50k",
+        "--instance",
+        "p5.48xlarge",
+        "--pricing",
+        "spot",
+        "--json",
+    ).json()["chinchilla"]
+    assert any("spot $21.70/h" in note for note in data["assumptions"])
+
+
+def test_case_study_lists_each_disagreement_with_numbers(cli, tmp_path) -> None:
+    r = cli("plan", "--case-study")
+    assert r.code == 0
+    assert "$65.53/GPU-h" in r.out and "$4.10/GPU-h" in r.out
+    assert "DISAGREES" in r.out and "disagreements:" in r.out
+    data = cli("plan", "--case-study", "--json").json()
+    assert data["catalog_levers"]["final"] == pytest.approx(6585.60)
+    assert len(data["disagreements"]) >= 8
+
+
+BAD_INPUT = [
+    (
+        ["plan", "--params", "7B", "--tokens", "1T", "--gpu", "A1000"],
+        "unknown GPU 'A1000': did you mean",
+    ),
+    (
+        ["plan", "--params", "7B", "--tokens", "1T", "--instance", "p5.48xl"],
+        "did you mean p5.48xlarge",
+    ),
+    (["prices", "H10"], "did you mean"),
+    (
+        ["plan", "--params", "0", "--tokens", "1T", "--gpu", "A100"],
+        "--params: must be greater than 0",
+    ),
+    (
+        ["plan", "--params", "7B", "--tokens=-1T", "--gpu", "A100"],
+        "--tokens: must be greater than 0",
+    ),
+    (["plan", "--params", "7B", "--tokens", "1T", "--gpu", "A100", "--count", "0"], "--count"),
+    (["plan", "--budget-flops", "0"], "--budget-flops: must be greater than 0"),
+    (["plan", "--budget-dollars=-100", "--instance", "p4d.24xlarge"], "--budget-dollars: must be"),
+    ([*JOB, "--interruptions-per-hour", "0"], "--interruptions-per-hour: must be greater than 0"),
+    (
+        [*JOB, "--interruptions-per-hour", "2", "--checkpoint-interval", "3600"],
+        "above 1 per checkpoint interval",
+    ),
+    ([*JOB, "--advisor", "30%"], "advisor bucket must be one of"),
+    ([*JOB, "--mfu", "2"], r"mfu must be in (0, 1], got 2"),
+    (["plan", "--params", "7B", "--tokens", "1T", "--gpu", "T4"], "no bf16 peak for T4"),
+    ([*JOB, "--bus-bandwidth", "300"], "give a number with its unit"),
+    (["plan"], "thrifty plan needs a model"),
+    (
+        ["plan", "--layers", "12", "--hidden", "768", "--gpu", "A100"],
+        "needs --heads, --vocab, --seq",
+    ),
+    ([*JOB, "--plot", "x.png"], "--plot draws the lever waterfall"),
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), BAD_INPUT)
+def test_bad_input_is_one_clear_line_and_exit_code_2(cli, args: list[str], expected: str) -> None:
+    r = cli(*args)
+    assert r.code == 2
+    assert r.out == ""
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1, r.err
+    assert lines[0].startswith("thrifty: error: ")
+    assert expected in lines[0]
+    assert "Traceback" not in r.err
+
+
+def test_a_malformed_catalog_file_is_reported_with_line_and_field(cli, tmp_path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[gpu]]\nname = "X1"\npeak_tflops = { bf17 = 3 }\n')
+    r = cli("prices", "--catalog", str(bad))
+    assert r.code == 2
+    assert r.err.strip() == (
+        f"thrifty: error: {bad} line 3: gpu 'X1' field 'peak_tflops.bf17' is not a dtype; "
+        "use fp32, tf32, bf16, fp16, fp8"
+    )

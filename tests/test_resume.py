@@ -1,0 +1,149 @@
+"""Exact resume: a run interrupted and resumed ends with the same bits as one that never was."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import signal
+import threading
+
+import pytest
+import torch
+from helpers import TokenDataset, tiny_gpt
+from torch import nn
+
+from thrifty import Trainer
+from thrifty.config import TrainConfig
+from thrifty.errors import ThriftyError
+from thrifty.rundir import read_metrics
+
+
+class SigtermAt(nn.Module):
+    """The model, plus a SIGTERM to this process on its `at`-th forward (mid-window when
+    accumulating): what a spot reclaim looks like from inside the training loop."""
+
+    def __init__(self, inner: nn.Module, at: int | None) -> None:
+        super().__init__()
+        self.inner = inner
+        self.at = at
+        self.calls = 0
+
+    def forward(self, **batch):
+        if self.training:
+            self.calls += 1
+            if self.calls == self.at:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return self.inner(**batch)
+
+
+def config(out, *, workers=0, accumulate=1, steps=12, every="off", **extra) -> TrainConfig:
+    return TrainConfig.from_dict({
+        "run": {"max_steps": steps, "device": "cpu", "out": str(out), "progress": "off",
+                "deterministic": True, "log_every": 1},
+        "batch": {"micro": 4, "effective": 4 * accumulate},
+        "data": {"num_workers": workers},
+        "optimizer": {"lr": 3e-3},
+        "schedule": {"warmup_steps": 3, "decay": "cosine"},
+        "eval": {"every": 5},
+        "checkpoint": {"every": every},
+        "spot": {"provider": "none"},
+        **extra,
+    })
+
+
+def train(out, at=None, **kw):
+    torch.manual_seed(0)
+    model = SigtermAt(tiny_gpt(dropout=0.1), at)
+    data = TokenDataset(n=40)  # 10 micro-batches per epoch
+    result = Trainer(model, data, config(out, **kw), val_data=TokenDataset(n=8, seed=1)).fit()
+    return model, result
+
+
+def losses(out) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r}
+
+
+@pytest.mark.parametrize(
+    ("at", "workers", "accumulate"),
+    [(7, 0, 1), (10, 0, 1), (9, 2, 1), (7, 0, 2)],
+    ids=["mid-epoch", "epoch-boundary", "with-workers", "mid-accumulation"],
+)
+def test_interrupted_and_resumed_run_matches_the_uninterrupted_one_bit_for_bit(tmp_path, at, workers, accumulate):
+    reference, _ = train(tmp_path / "ref", workers=workers, accumulate=accumulate)
+    _, first = train(tmp_path / "cut", at=at, workers=workers, accumulate=accumulate)
+    assert first.stop_reason == "preempted"
+    assert first.steps < 12
+    resumed, second = train(tmp_path / "cut", workers=workers, accumulate=accumulate)
+    assert second.steps == 12 and second.stop_reason == "max_steps"
+    for (name, a), b in zip(reference.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert losses(tmp_path / "cut") == losses(tmp_path / "ref")  # the whole trajectory
+
+
+def test_periodic_checkpoints_keep_the_last_two(tmp_path):
+    train(tmp_path / "run", every=3)
+    steps = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert steps == [9, 12]  # 3, 6 purged after newer ones were published; 12 is the final one
+
+
+def test_a_model_of_another_shape_is_refused_with_what_differs(tmp_path):
+    train(tmp_path / "run", at=5)
+    shallower = SigtermAt(tiny_gpt(n_layer=2), None)
+    with pytest.raises(ThriftyError, match=r"another model: parameter inner\.blocks\.2\.\S+ is only in the checkpoint"):
+        Trainer(shallower, TokenDataset(n=40), config(tmp_path / "run")).fit()
+
+
+def test_another_effective_batch_is_refused(tmp_path):
+    train(tmp_path / "run", at=5)
+    with pytest.raises(ThriftyError, match="effective batch of 4, this run has 8"):
+        Trainer(SigtermAt(tiny_gpt(), None), TokenDataset(n=40), config(tmp_path / "run", accumulate=2)).fit()
+
+
+def test_resume_never_refuses_to_start_over_a_run_with_checkpoints(tmp_path):
+    train(tmp_path / "run", at=5)
+    cfg = config(tmp_path / "run", checkpoint={"resume": "never"})
+    with pytest.raises(ThriftyError, match="holds checkpoints and checkpoint.resume = never"):
+        Trainer(SigtermAt(tiny_gpt(), None), TokenDataset(n=40), cfg).fit()
+
+
+def test_resume_from_an_explicit_checkpoint(tmp_path):
+    train(tmp_path / "a", every=4)  # checkpoints at 4, 8 (purged later), 12
+    ckpt = sorted((tmp_path / "a" / "checkpoints").glob("step-*"))[0]
+    cfg = config(tmp_path / "b", checkpoint={"resume": str(ckpt)}, steps=14)
+    result = Trainer(SigtermAt(tiny_gpt(dropout=0.1), None), TokenDataset(n=40), cfg).fit()
+    assert result.steps == 14
+    first = read_metrics(tmp_path / "b" / "metrics.jsonl")[0]
+    assert first == {"step": int(ckpt.name.split("-")[1]), "event": "resumed"}
+
+
+class _Preempted(http.server.BaseHTTPRequestHandler):
+    requests = 0
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        type(self).requests += 1
+        ok = self.headers.get("Metadata-Flavor") == "Google"
+        body = b"TRUE" if ok and type(self).requests >= 3 else b"FALSE"
+        self.send_response(200 if ok else 403)
+        self.send_header("Metadata-Flavor", "Google")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_gcp_preemption_notice_triggers_the_emergency_checkpoint(tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Preempted)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        cfg = config(tmp_path / "run", steps=5000,
+                     spot={"provider": "gcp", "metadata_url": url, "poll_seconds": 0.05})
+        result = Trainer(SigtermAt(tiny_gpt(), None), TokenDataset(n=40), cfg).fit()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.stop_reason == "preempted" and result.steps < 5000
+    assert _Preempted.requests >= 3
+    assert any((tmp_path / "run" / "checkpoints").glob(f"step-*{result.steps}/manifest.json"))
