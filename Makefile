@@ -15,6 +15,7 @@ demo: $(STAMP)
 	$(PY) -m thrifty demo $(ARGS)
 
 test: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks examples
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 lint: $(STAMP)
@@ -22,6 +23,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/instrumentation.py
+	$(PY) benchmarks/checkpoint.py
 
 clean:
 	rm -rf $(VENV) runs build src/*.egg-info

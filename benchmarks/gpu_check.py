@@ -22,17 +22,27 @@ from thrifty.demo import build_model, train_dataset
 
 
 def run(precision: str, compile_mode: str, args: argparse.Namespace, out: str) -> float:
-    cfg = TrainConfig.from_dict({
-        "run": {"max_steps": args.steps, "device": "cuda", "out": out, "progress": "off", "log_every": 20},
-        "precision": {"mode": precision, "allow_tf32": args.tf32},
-        "batch": {"micro": args.micro},
-        "optimizer": {"lr": 6e-4, "weight_decay": 0.1, "betas": [0.9, 0.95]},
-        "schedule": {"warmup_steps": 10, "decay": "cosine"},
-        "data": {"num_workers": "auto"},
-        "compile": {"mode": compile_mode},
-    })
+    cfg = TrainConfig.from_dict(
+        {
+            "run": {
+                "max_steps": args.steps,
+                "device": "cuda",
+                "out": out,
+                "progress": "off",
+                "log_every": 20,
+            },
+            "precision": {"mode": precision, "allow_tf32": args.tf32},
+            "batch": {"micro": args.micro},
+            "optimizer": {"lr": 6e-4, "weight_decay": 0.1, "betas": [0.9, 0.95]},
+            "schedule": {"warmup_steps": 10, "decay": "cosine"},
+            "data": {"num_workers": "auto"},
+            "compile": {"mode": compile_mode},
+        }
+    )
     torch.manual_seed(0)
-    model = build_model(n_layer=args.layers, n_head=args.width // 64, n_embd=args.width, block_size=args.block)
+    model = build_model(
+        n_layer=args.layers, n_head=args.width // 64, n_embd=args.width, block_size=args.block
+    )
     result = Trainer(model, train_dataset(args.block, max_bytes=20_000_000), cfg).fit()
     torch.cuda.synchronize()
     return result.tokens_per_second
@@ -45,7 +55,9 @@ def main() -> int:
     parser.add_argument("--width", type=int, default=768)
     parser.add_argument("--block", type=int, default=1024)
     parser.add_argument("--micro", type=int, default=16)
-    parser.add_argument("--tf32", action="store_true", help="let fp32 matmuls use TF32 (off: true fp32)")
+    parser.add_argument(
+        "--tf32", action="store_true", help="let fp32 matmuls use TF32 (off: true fp32)"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device here; run it on a machine with a GPU", file=sys.stderr)
@@ -57,11 +69,22 @@ def main() -> int:
             for compile_mode in ("off", "default"):
                 key = (precision, compile_mode)
                 rates[key] = run(precision, compile_mode, args, f"{tmp}/{precision}-{compile_mode}")
-                print(f"{precision:>5} compile={compile_mode:<8} {rates[key]:>12,.0f} tokens/s", flush=True)
-    print(f"bf16 speed-up over fp32 (eager):     {rates['bf16', 'off'] / rates['fp32', 'off']:.2f}×")
-    print(f"bf16 speed-up over fp32 (compiled):  {rates['bf16', 'default'] / rates['fp32', 'default']:.2f}×")
-    print(f"compile speed-up (bf16):             {rates['bf16', 'default'] / rates['bf16', 'off']:.2f}×")
-    print(f"compile speed-up (fp32):             {rates['fp32', 'default'] / rates['fp32', 'off']:.2f}×")
+                print(
+                    f"{precision:>5} compile={compile_mode:<8} {rates[key]:>12,.0f} tokens/s",
+                    flush=True,
+                )
+    print(
+        f"bf16 speed-up over fp32 (eager):     {rates['bf16', 'off'] / rates['fp32', 'off']:.2f}×"
+    )
+    print(
+        f"bf16 speed-up over fp32 (compiled):  {rates['bf16', 'default'] / rates['fp32', 'default']:.2f}×"
+    )
+    print(
+        f"compile speed-up (bf16):             {rates['bf16', 'default'] / rates['bf16', 'off']:.2f}×"
+    )
+    print(
+        f"compile speed-up (fp32):             {rates['fp32', 'default'] / rates['fp32', 'off']:.2f}×"
+    )
     return 0
 
 

@@ -33,11 +33,17 @@ def plain_loop(model, data, steps: int, precision, seed: int) -> list[float]:
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-        lr=2e-3, betas=(0.9, 0.95),
+        lr=2e-3,
+        betas=(0.9, 0.95),
     )
-    sched = build_scheduler(opt, warmup_steps=5, decay="cosine", total_steps=steps, min_lr_ratio=0.1)
+    sched = build_scheduler(
+        opt, warmup_steps=5, decay="cosine", total_steps=steps, min_lr_ratio=0.1
+    )
     loader = torch.utils.data.DataLoader(
-        data, batch_size=MICRO, shuffle=True, drop_last=True,
+        data,
+        batch_size=MICRO,
+        shuffle=True,
+        drop_last=True,
         generator=torch.Generator().manual_seed(seed),
     )
     batches = iter(loader)
@@ -60,13 +66,22 @@ def plain_loop(model, data, steps: int, precision, seed: int) -> list[float]:
 
 
 def trainer_loop(data, steps: int, out: str, seed: int) -> list[float]:
-    cfg = TrainConfig.from_dict({
-        **DEMO_CONFIG,
-        "run": {"max_steps": steps, "device": "cpu", "out": out, "progress": "off", "seed": seed, "log_every": 10},
-        "batch": {"micro": MICRO, "effective": EFFECTIVE},
-        "schedule": {"warmup_steps": 5, "decay": "cosine", "min_lr_ratio": 0.1},
-        "data": {"num_workers": 0},
-    })
+    cfg = TrainConfig.from_dict(
+        {
+            **DEMO_CONFIG,
+            "run": {
+                "max_steps": steps,
+                "device": "cpu",
+                "out": out,
+                "progress": "off",
+                "seed": seed,
+                "log_every": 10,
+            },
+            "batch": {"micro": MICRO, "effective": EFFECTIVE},
+            "schedule": {"warmup_steps": 5, "decay": "cosine", "min_lr_ratio": 0.1},
+            "data": {"num_workers": 0},
+        }
+    )
     torch.manual_seed(seed)
     model = build_model(**DEMO_CONFIG["task"]["model_args"])
     Trainer(model, data, cfg).fit()
@@ -90,7 +105,9 @@ def main() -> None:
             model = build_model(**DEMO_CONFIG["task"]["model_args"])
             plain_times += plain_loop(model, data, args.steps, precision, seed=r)[1:]
     t, p = statistics.median(thrifty_times), statistics.median(plain_times)
-    print(f"precision {precision.name}, micro {MICRO} × {ACCUM} accumulation, {args.rounds} rounds × {args.steps} steps, {torch.get_num_threads()} threads")
+    print(
+        f"precision {precision.name}, micro {MICRO} × {ACCUM} accumulation, {args.rounds} rounds × {args.steps} steps, {torch.get_num_threads()} threads"
+    )
     print(f"median step: thrifty.Trainer {t * 1e3:.2f} ms, plain loop {p * 1e3:.2f} ms")
     print(f"overhead ratio (Trainer / plain): {t / p:.3f}  (target ≤ 1.03)")
 

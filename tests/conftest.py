@@ -4,7 +4,6 @@ import pytest
 import torch
 
 
-
 @pytest.fixture(autouse=True)
 def _small_thread_count():
     # Tests share a 2-core machine; more threads only add contention.

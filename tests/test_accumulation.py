@@ -4,8 +4,8 @@ import copy
 
 import pytest
 import torch
-from helpers import RecordingSGD, TokenDataset, tiny_gpt
 
+from helpers import RecordingSGD, TokenDataset, tiny_gpt
 from thrifty import Trainer
 from thrifty.batches import loss_weights
 from thrifty.config import TrainConfig
@@ -13,14 +13,21 @@ from thrifty.config import TrainConfig
 
 def accumulated_gradient(tmp_path, model, data, normalize: str = "auto") -> list[torch.Tensor]:
     optimizer = RecordingSGD(model.parameters(), lr=0.0)
-    cfg = TrainConfig.from_dict({
-        "run": {"max_steps": 1, "device": "cpu", "out": str(tmp_path / normalize), "progress": "off"},
-        "precision": {"mode": "fp32"},
-        "batch": {"micro": 4, "effective": 16, "normalize": normalize},
-        "optimizer": {"grad_clip": 0.0},
-        "schedule": {"decay": "constant"},
-        "data": {"num_workers": 0, "shuffle": False},
-    })
+    cfg = TrainConfig.from_dict(
+        {
+            "run": {
+                "max_steps": 1,
+                "device": "cpu",
+                "out": str(tmp_path / normalize),
+                "progress": "off",
+            },
+            "precision": {"mode": "fp32"},
+            "batch": {"micro": 4, "effective": 16, "normalize": normalize},
+            "optimizer": {"grad_clip": 0.0},
+            "schedule": {"decay": "constant"},
+            "data": {"num_workers": 0, "shuffle": False},
+        }
+    )
     Trainer(model, data, cfg, optimizer=optimizer).fit()
     return optimizer.seen
 
@@ -34,7 +41,9 @@ def full_batch_gradient(model, data) -> list[torch.Tensor]:
 
 
 def relative_error(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    diff = torch.sqrt(sum((x.double() - y.double()).pow(2).sum() for x, y in zip(a, b)))
+    diff = torch.sqrt(
+        sum((x.double() - y.double()).pow(2).sum() for x, y in zip(a, b, strict=True))
+    )
     norm = torch.sqrt(sum(y.double().pow(2).sum() for y in b))
     return float(diff / norm)
 
@@ -44,7 +53,9 @@ def test_four_micro_batches_give_the_gradient_of_one_big_batch(tmp_path, pad):
     model = tiny_gpt()
     reference = copy.deepcopy(model)
     data = TokenDataset(n=32, pad=pad)
-    err = relative_error(accumulated_gradient(tmp_path, model, data), full_batch_gradient(reference, data))
+    err = relative_error(
+        accumulated_gradient(tmp_path, model, data), full_batch_gradient(reference, data)
+    )
     assert err < 1e-6
 
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import tiny_gpt
 
+from helpers import tiny_gpt
 from thrifty.activation_checkpointing import (
     apply_activation_checkpointing,
     find_repeated_blocks,
@@ -70,7 +70,7 @@ def test_gradients_equal_the_unwrapped_models_with_dropout():
         torch.manual_seed(123)  # same dropout masks in both forwards
         model(**batch).backward()
         grads[policy] = [p.grad.clone() for p in model.parameters()]
-    for plain, recomputed in zip(grads["off"], grads["all"]):
+    for plain, recomputed in zip(grads["off"], grads["all"], strict=True):
         torch.testing.assert_close(recomputed, plain, rtol=0, atol=0)
 
 
@@ -84,7 +84,9 @@ def test_saved_activation_bytes_fall_on_the_demo_model():
         sizes[policy] = saved_bytes(model, batch)
     every_other = sizes["every_other"] / sizes["off"]
     all_ = sizes["all"] / sizes["off"]
-    print(f"saved for backward: off {sizes['off']:,} B, every_other {every_other:.1%}, all {all_:.1%}")
+    print(
+        f"saved for backward: off {sizes['off']:,} B, every_other {every_other:.1%}, all {all_:.1%}"
+    )
     assert every_other <= 0.65
     assert all_ <= 0.35
 

@@ -11,7 +11,7 @@ from thrifty.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
-BAD_MODULE = '''
+BAD_MODULE = """
 import torch
 from torch import nn
 
@@ -27,7 +27,7 @@ def model():
 
 def data():
     return torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 2))
-'''
+"""
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -53,16 +53,27 @@ def user_project(tmp_path, monkeypatch):
     [
         (["--set", "batch.micro=abc"], "batch.micro = 'abc' is invalid: expected an integer"),
         (["--set", "batch.micro=0"], "batch.micro = 0 is invalid: must be greater than 0"),
-        (["--set", "batch.effective=6"], "batch.effective = 6 is invalid: must be a multiple of batch.micro = 4"),
-        (["--set", "optimizer.learning_rate=1"], "unknown key optimizer.learning_rate in optimizer"),
-        (["--set", "task.model=missing_module:build"], "task.model = 'missing_module:build' does not import"),
+        (
+            ["--set", "batch.effective=6"],
+            "batch.effective = 6 is invalid: must be a multiple of batch.micro = 4",
+        ),
+        (
+            ["--set", "optimizer.learning_rate=1"],
+            "unknown key optimizer.learning_rate in optimizer",
+        ),
+        (
+            ["--set", "task.model=missing_module:build"],
+            "task.model = 'missing_module:build' does not import",
+        ),
         (["--set", "task.model=userproj:nothing"], "userproj has no attribute 'nothing'"),
         ([], "the model returned a tensor of shape (4, 2), not a loss"),
         (["--set", "nonsense"], "--set 'nonsense' is invalid: use --set section.key=value"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(capsys, user_project, tmp_path, args, message):
-    code, out, err = run_cli(capsys, "train", str(user_project), "--out", str(tmp_path / "r"), *args)
+    code, out, err = run_cli(
+        capsys, "train", str(user_project), "--out", str(tmp_path / "r"), *args
+    )
     assert code == 2
     assert err.startswith("thrifty: error: ") and message in err
     assert len(err.strip().splitlines()) == 1
@@ -82,17 +93,32 @@ def test_missing_config_file(capsys, tmp_path):
 def test_bad_input_prints_no_traceback_from_the_real_command(user_project, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "thrifty", "train", str(user_project), "--set", "batch.micro=-1"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "thrifty: error: batch.micro = -1 is invalid: must be greater than 0"
+    assert (
+        proc.stderr.strip() == "thrifty: error: batch.micro = -1 is invalid: must be greater than 0"
+    )
 
 
 def test_demo_trains_and_writes_its_run_directory(capsys, tmp_path):
     out = tmp_path / "demo"
     code, stdout, _ = run_cli(
-        capsys, "demo", "--steps", "6", "--out", str(out),
-        "--set", "eval.batches=2", "--set", "data.num_workers=0", "--set", "schedule.warmup_steps=2",
+        capsys,
+        "demo",
+        "--steps",
+        "6",
+        "--out",
+        str(out),
+        "--set",
+        "eval.batches=2",
+        "--set",
+        "data.num_workers=0",
+        "--set",
+        "schedule.warmup_steps=2",
     )
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -106,8 +132,17 @@ def test_demo_trains_and_writes_its_run_directory(capsys, tmp_path):
 def test_examples_run(capsys, tmp_path, monkeypatch, example):
     monkeypatch.chdir(REPO)
     code, _, err = run_cli(
-        capsys, "train", f"examples/{example}", "--steps", "3", "--out", str(tmp_path / example),
-        "--set", "eval.batches=2", "--set", "data.num_workers=0",
+        capsys,
+        "train",
+        f"examples/{example}",
+        "--steps",
+        "3",
+        "--out",
+        str(tmp_path / example),
+        "--set",
+        "eval.batches=2",
+        "--set",
+        "data.num_workers=0",
     )
     assert code == 0, err
     assert json.loads((tmp_path / example / "summary.json").read_text())["steps"] == 3

@@ -4,18 +4,28 @@ import time
 
 import pytest
 import torch
-from helpers import TokenDataset, tiny_gpt
 
+from helpers import TokenDataset, tiny_gpt
 from thrifty import Trainer
 from thrifty.config import TrainConfig
 
 
 def config(tmp_path, mode: str) -> TrainConfig:
-    return TrainConfig.from_dict({
-        "run": {"max_steps": 6, "device": "cpu", "out": str(tmp_path / mode), "progress": "off"},
-        "batch": {"micro": 4}, "data": {"num_workers": 0}, "schedule": {"decay": "constant"},
-        "precision": {"mode": "fp32"}, "compile": {"mode": mode},
-    })
+    return TrainConfig.from_dict(
+        {
+            "run": {
+                "max_steps": 6,
+                "device": "cpu",
+                "out": str(tmp_path / mode),
+                "progress": "off",
+            },
+            "batch": {"micro": 4},
+            "data": {"num_workers": 0},
+            "schedule": {"decay": "constant"},
+            "precision": {"mode": "fp32"},
+            "compile": {"mode": mode},
+        }
+    )
 
 
 def test_compile_warm_up_is_left_out_of_throughput(tmp_path, monkeypatch):

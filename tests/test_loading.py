@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import torch
-from helpers import BurnDataset
 
+from helpers import BurnDataset
 from thrifty.loading import (
     EpochSampler,
     LoaderSettings,

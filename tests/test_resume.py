@@ -9,9 +9,9 @@ import threading
 
 import pytest
 import torch
-from helpers import TokenDataset, tiny_gpt
 from torch import nn
 
+from helpers import TokenDataset, tiny_gpt
 from thrifty import Trainer
 from thrifty.config import TrainConfig
 from thrifty.errors import ThriftyError
@@ -37,18 +37,26 @@ class SigtermAt(nn.Module):
 
 
 def config(out, *, workers=0, accumulate=1, steps=12, every="off", **extra) -> TrainConfig:
-    return TrainConfig.from_dict({
-        "run": {"max_steps": steps, "device": "cpu", "out": str(out), "progress": "off",
-                "deterministic": True, "log_every": 1},
-        "batch": {"micro": 4, "effective": 4 * accumulate},
-        "data": {"num_workers": workers},
-        "optimizer": {"lr": 3e-3},
-        "schedule": {"warmup_steps": 3, "decay": "cosine"},
-        "eval": {"every": 5},
-        "checkpoint": {"every": every},
-        "spot": {"provider": "none"},
-        **extra,
-    })
+    return TrainConfig.from_dict(
+        {
+            "run": {
+                "max_steps": steps,
+                "device": "cpu",
+                "out": str(out),
+                "progress": "off",
+                "deterministic": True,
+                "log_every": 1,
+            },
+            "batch": {"micro": 4, "effective": 4 * accumulate},
+            "data": {"num_workers": workers},
+            "optimizer": {"lr": 3e-3},
+            "schedule": {"warmup_steps": 3, "decay": "cosine"},
+            "eval": {"every": 5},
+            "checkpoint": {"every": every},
+            "spot": {"provider": "none"},
+            **extra,
+        }
+    )
 
 
 def train(out, at=None, **kw):
@@ -68,35 +76,48 @@ def losses(out) -> dict[int, float]:
     [(7, 0, 1), (10, 0, 1), (9, 2, 1), (7, 0, 2)],
     ids=["mid-epoch", "epoch-boundary", "with-workers", "mid-accumulation"],
 )
-def test_interrupted_and_resumed_run_matches_the_uninterrupted_one_bit_for_bit(tmp_path, at, workers, accumulate):
+def test_interrupted_and_resumed_run_matches_the_uninterrupted_one_bit_for_bit(
+    tmp_path, at, workers, accumulate
+):
     reference, _ = train(tmp_path / "ref", workers=workers, accumulate=accumulate)
     _, first = train(tmp_path / "cut", at=at, workers=workers, accumulate=accumulate)
     assert first.stop_reason == "preempted"
     assert first.steps < 12
     resumed, second = train(tmp_path / "cut", workers=workers, accumulate=accumulate)
     assert second.steps == 12 and second.stop_reason == "max_steps"
-    for (name, a), b in zip(reference.state_dict().items(), resumed.state_dict().values()):
+    for (name, a), b in zip(
+        reference.state_dict().items(), resumed.state_dict().values(), strict=True
+    ):
         assert torch.equal(a, b), name
     assert losses(tmp_path / "cut") == losses(tmp_path / "ref")  # the whole trajectory
 
 
 def test_periodic_checkpoints_keep_the_last_two(tmp_path):
     train(tmp_path / "run", every=3)
-    steps = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.startswith("step-"))
+    steps = sorted(
+        int(p.name.split("-")[1])
+        for p in (tmp_path / "run" / "checkpoints").iterdir()
+        if p.name.startswith("step-")
+    )
     assert steps == [9, 12]  # 3, 6 purged after newer ones were published; 12 is the final one
 
 
 def test_a_model_of_another_shape_is_refused_with_what_differs(tmp_path):
     train(tmp_path / "run", at=5)
     shallower = SigtermAt(tiny_gpt(n_layer=2), None)
-    with pytest.raises(ThriftyError, match=r"another model: parameter inner\.blocks\.2\.\S+ is only in the checkpoint"):
+    with pytest.raises(
+        ThriftyError,
+        match=r"another model: parameter inner\.blocks\.2\.\S+ is only in the checkpoint",
+    ):
         Trainer(shallower, TokenDataset(n=40), config(tmp_path / "run")).fit()
 
 
 def test_another_effective_batch_is_refused(tmp_path):
     train(tmp_path / "run", at=5)
     with pytest.raises(ThriftyError, match="effective batch of 4, this run has 8"):
-        Trainer(SigtermAt(tiny_gpt(), None), TokenDataset(n=40), config(tmp_path / "run", accumulate=2)).fit()
+        Trainer(
+            SigtermAt(tiny_gpt(), None), TokenDataset(n=40), config(tmp_path / "run", accumulate=2)
+        ).fit()
 
 
 def test_resume_never_refuses_to_start_over_a_run_with_checkpoints(tmp_path):
@@ -138,8 +159,11 @@ def test_a_gcp_preemption_notice_triggers_the_emergency_checkpoint(tmp_path):
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        cfg = config(tmp_path / "run", steps=5000,
-                     spot={"provider": "gcp", "metadata_url": url, "poll_seconds": 0.05})
+        cfg = config(
+            tmp_path / "run",
+            steps=5000,
+            spot={"provider": "gcp", "metadata_url": url, "poll_seconds": 0.05},
+        )
         result = Trainer(SigtermAt(tiny_gpt(), None), TokenDataset(n=40), cfg).fit()
     finally:
         server.shutdown()

@@ -15,7 +15,10 @@ def test_linear_scaling_rule_scales_lr_with_the_effective_batch():
 
 
 def test_warmup_rises_linearly_to_the_peak():
-    f = [lr_multiplier(s, warmup_steps=4, decay="constant", total_steps=None, min_lr_ratio=0.1) for s in range(6)]
+    f = [
+        lr_multiplier(s, warmup_steps=4, decay="constant", total_steps=None, min_lr_ratio=0.1)
+        for s in range(6)
+    ]
     assert f == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
 
 

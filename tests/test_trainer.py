@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import TokenDataset, tiny_gpt
 from torch import nn
 
+from helpers import TokenDataset, tiny_gpt
 from thrifty import Trainer
 from thrifty.config import TrainConfig
 from thrifty.errors import ThriftyError
@@ -17,7 +17,13 @@ from thrifty.rundir import read_metrics
 
 def cfg(tmp_path, **sections) -> TrainConfig:
     base = {
-        "run": {"max_steps": 4, "device": "cpu", "out": str(tmp_path / "run"), "progress": "off", "log_every": 2},
+        "run": {
+            "max_steps": 4,
+            "device": "cpu",
+            "out": str(tmp_path / "run"),
+            "progress": "off",
+            "log_every": 2,
+        },
         "batch": {"micro": 4},
         "data": {"num_workers": 0},
         "schedule": {"decay": "constant"},
@@ -53,12 +59,15 @@ def lm_loss(output, batch):
 
 
 @pytest.mark.parametrize(
-    ("model", "loss_fn"), [(tiny_gpt, None), (HFStyle, None), (LogitsOnly, lm_loss)],
+    ("model", "loss_fn"),
+    [(tiny_gpt, None), (HFStyle, None), (LogitsOnly, lm_loss)],
     ids=["returns-loss", "returns-.loss", "logits+loss_fn"],
 )
 def test_fit_learns_with_each_way_of_returning_the_loss(tmp_path, model, loss_fn):
     data = TokenDataset(n=64)
-    result = Trainer(model(), data, cfg(tmp_path, run={"max_steps": 8}), val_data=data, loss_fn=loss_fn).fit()
+    result = Trainer(
+        model(), data, cfg(tmp_path, run={"max_steps": 8}), val_data=data, loss_fn=loss_fn
+    ).fit()
     assert result.steps == 8 and result.samples == 32 and result.tokens == 32 * 32
     assert result.val_loss < result.initial_val_loss
     assert result.stop_reason == "max_steps"
@@ -66,7 +75,9 @@ def test_fit_learns_with_each_way_of_returning_the_loss(tmp_path, model, loss_fn
 
 
 def test_a_model_that_returns_no_loss_is_a_clear_error(tmp_path):
-    with pytest.raises(ThriftyError, match=r"returned a tensor of shape \(4, 32, 256\), not a loss"):
+    with pytest.raises(
+        ThriftyError, match=r"returned a tensor of shape \(4, 32, 256\), not a loss"
+    ):
         Trainer(LogitsOnly(), TokenDataset(), cfg(tmp_path)).fit()
 
 
@@ -79,15 +90,24 @@ def test_run_directory_holds_config_metrics_and_summary(tmp_path):
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     assert all(isinstance(r["loss"], float) and r["grad_norm"] > 0 for r in steps)
     summary = json.loads((run / "summary.json").read_text())
-    for key in ("steps", "initial_val_loss", "final_val_loss", "tokens_per_second", "precision",
-                "stop_reason", "wall_seconds"):
+    for key in (
+        "steps",
+        "initial_val_loss",
+        "final_val_loss",
+        "tokens_per_second",
+        "precision",
+        "stop_reason",
+        "wall_seconds",
+    ):
         assert key in summary
 
 
 def test_a_directory_with_a_run_is_not_overwritten_unless_asked(tmp_path):
     data = TokenDataset(n=32)
     Trainer(tiny_gpt(), data, cfg(tmp_path)).fit()
-    with pytest.raises(ThriftyError, match="holds a finished run.*another --out.*run.overwrite = true"):
+    with pytest.raises(
+        ThriftyError, match="holds a finished run.*another --out.*run.overwrite = true"
+    ):
         Trainer(tiny_gpt(), data, cfg(tmp_path)).fit()
     Trainer(tiny_gpt(), data, cfg(tmp_path, run={"overwrite": True})).fit()
 
@@ -95,30 +115,44 @@ def test_a_directory_with_a_run_is_not_overwritten_unless_asked(tmp_path):
 def test_early_stopping_ends_a_run_that_stopped_improving(tmp_path):
     data = TokenDataset(n=64)
     # lr 0: the validation loss never improves, so patience 2 stops after 3 evaluations.
-    config = cfg(tmp_path, run={"max_steps": 100}, optimizer={"name": "sgd", "lr": 1e-12},
-                 early_stopping={"patience": 2, "min_delta": 0.01}, eval={"every": 1})
+    config = cfg(
+        tmp_path,
+        run={"max_steps": 100},
+        optimizer={"name": "sgd", "lr": 1e-12},
+        early_stopping={"patience": 2, "min_delta": 0.01},
+        eval={"every": 1},
+    )
     result = Trainer(tiny_gpt(), data, config, val_data=data).fit()
     assert result.stop_reason == "early_stopping"
     assert result.steps == 3
 
 
 def test_token_budget_stops_the_run(tmp_path):
-    result = Trainer(tiny_gpt(), TokenDataset(n=64), cfg(tmp_path, run={"max_steps": None, "max_tokens": 500})).fit()
+    result = Trainer(
+        tiny_gpt(), TokenDataset(n=64), cfg(tmp_path, run={"max_steps": None, "max_tokens": 500})
+    ).fit()
     assert result.stop_reason == "max_tokens"
     assert result.tokens == 512  # 4 steps of 4 × 32 tokens
 
 
 def test_epoch_budget_ends_with_the_data(tmp_path):
-    result = Trainer(tiny_gpt(), TokenDataset(n=40), cfg(tmp_path, run={"max_steps": None, "max_epochs": 2})).fit()
+    result = Trainer(
+        tiny_gpt(), TokenDataset(n=40), cfg(tmp_path, run={"max_steps": None, "max_epochs": 2})
+    ).fit()
     assert result.stop_reason == "data_exhausted"
     assert result.steps == 20  # 10 full micro-batches per epoch
 
 
 def test_linear_scaling_rule_sets_the_optimizer_lr(tmp_path):
     trainer = Trainer(
-        tiny_gpt(), TokenDataset(n=64),
-        cfg(tmp_path, run={"max_steps": 1}, batch={"micro": 4, "effective": 16},
-            optimizer={"lr": 1e-3, "reference_batch": 8}),
+        tiny_gpt(),
+        TokenDataset(n=64),
+        cfg(
+            tmp_path,
+            run={"max_steps": 1},
+            batch={"micro": 4, "effective": 16},
+            optimizer={"lr": 1e-3, "reference_batch": 8},
+        ),
     )
     trainer.fit()
     first = read_metrics(tmp_path / "run" / "metrics.jsonl")[0]
@@ -134,7 +168,8 @@ def test_zero_grad_frees_gradients_after_each_step(tmp_path):
 
 def test_activation_checkpointing_from_config_wraps_blocks(tmp_path):
     result = Trainer(
-        tiny_gpt(), TokenDataset(n=32),
+        tiny_gpt(),
+        TokenDataset(n=32),
         cfg(tmp_path, run={"max_steps": 1}, activation_checkpointing={"policy": "every_other"}),
     ).fit()
     assert result.checkpointed_blocks == ["blocks.0", "blocks.2"]

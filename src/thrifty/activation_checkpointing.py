@@ -108,7 +108,8 @@ def apply_activation_checkpointing(
     parsed = parse_policy(policy)
     if parsed.patterns:
         names = [
-            name for name, _ in model.named_modules()
+            name
+            for name, _ in model.named_modules()
             if name and any(fnmatch.fnmatchcase(name, p) for p in parsed.patterns)
         ]
         # A block inside a selected block is already recomputed with it.

@@ -102,7 +102,8 @@ def _as_loss(output: Any, source: str) -> torch.Tensor:
     if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point():
         return loss.reshape(())
     desc = (
-        f"a tensor of shape {tuple(output.shape)}" if isinstance(output, torch.Tensor)
+        f"a tensor of shape {tuple(output.shape)}"
+        if isinstance(output, torch.Tensor)
         else f"a {type(output).__name__}"
     )
     raise ThriftyError(

@@ -16,6 +16,8 @@ from thrifty.errors import ThriftyError
 # Modules that contribute subcommands, in the order `thrifty --help` lists them.
 COMMAND_MODULES = (
     "thrifty.commands.training",
+    "thrifty.commands.profile",
+    "thrifty.commands.chaos",
     "thrifty.plan.cli",
 )
 

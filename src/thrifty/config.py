@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 
 from thrifty.errors import ConfigError
+from thrifty.measure.cost import CostConfig
+
 
 def _fail(section: str, key: str, value: object, allowed: str) -> typing.NoReturn:
     raise ConfigError(f"{section}.{key} = {value!r} is invalid: {allowed}")
@@ -47,7 +49,7 @@ def parse_duration(text: str | int | float, where: str = "duration") -> float:
         if match is None:
             raise ConfigError(
                 f"{where} = {text!r} is invalid: give seconds or a number with s, m, h or d "
-                "(e.g. \"30m\")"
+                '(e.g. "30m")'
             )
         seconds = float(match.group(1)) * _DURATION_SECONDS[match.group(2)]
     if not seconds > 0:
@@ -85,7 +87,9 @@ class RunConfig:
             parse_duration(self.max_time, f"{s}.max_time")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", self.device):
             _fail(s, "device", self.device, "use auto, cpu, cuda or cuda:N")
-        if all(getattr(self, k) is None for k in ("max_steps", "max_tokens", "max_time", "max_epochs")):
+        if all(
+            getattr(self, k) is None for k in ("max_steps", "max_tokens", "max_time", "max_epochs")
+        ):
             raise ConfigError(
                 "run has no budget: set at least one of run.max_steps, run.max_tokens, "
                 "run.max_time or run.max_epochs"
@@ -139,7 +143,9 @@ class BatchConfig:
         _positive(self.SECTION, "effective", self.effective)
         if self.effective is not None and self.effective % self.micro:
             _fail(
-                self.SECTION, "effective", self.effective,
+                self.SECTION,
+                "effective",
+                self.effective,
                 f"must be a multiple of batch.micro = {self.micro} "
                 f"(e.g. {self.micro * max(1, round(self.effective / self.micro))})",
             )
@@ -278,13 +284,21 @@ class CheckpointConfig:
             from thrifty.plan.spot import ADVISOR_BUCKETS
 
             if self.interruption_rate.replace(" ", "") not in ADVISOR_BUCKETS:
-                _fail(s, "interruption_rate", self.interruption_rate,
-                      f"give interruptions per hour or one of {', '.join(ADVISOR_BUCKETS)}")
+                _fail(
+                    s,
+                    "interruption_rate",
+                    self.interruption_rate,
+                    f"give interruptions per hour or one of {', '.join(ADVISOR_BUCKETS)}",
+                )
         else:
             _positive(s, "interruption_rate", self.interruption_rate)
         if self.keep_last < 2:
-            _fail(s, "keep_last", self.keep_last,
-                  "must be at least 2: with one, a corrupt newest checkpoint leaves nothing to resume")
+            _fail(
+                s,
+                "keep_last",
+                self.keep_last,
+                "must be at least 2: with one, a corrupt newest checkpoint leaves nothing to resume",
+            )
         if not self.resume:
             _fail(s, "resume", self.resume, "use auto, never, or a checkpoint's path or URL")
         parse_duration(self.upload_deadline, f"{s}.upload_deadline")
@@ -306,6 +320,24 @@ class SpotConfig:
 
     def __post_init__(self) -> None:
         _positive(self.SECTION, "poll_seconds", self.poll_seconds)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MeasureConfig:
+    """What the loop measures: step-time breakdown, system load, FLOPs and MFU, a trace."""
+
+    SECTION: ClassVar[str] = "measure"
+    breakdown: bool = True  # per-phase step timings (CUDA events on GPU, one sync per log)
+    system: bool = True  # CPU/RAM (psutil) and GPU (NVML) sampled in a background thread
+    sample_seconds: float = 0.5
+    flops_per_step: float | None = None  # model FLOPs per optimizer step; default measured
+    peak_tflops: float | None = None  # the device's peak; default catalog (GPU) or measured (CPU)
+    trace: str | None = None  # write a torch.profiler trace of a few steps to this directory
+    trace_steps: int = 3
+
+    def __post_init__(self) -> None:
+        for key in ("sample_seconds", "flops_per_step", "peak_tflops", "trace_steps"):
+            _positive(self.SECTION, key, getattr(self, key))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -346,6 +378,8 @@ class TrainConfig:
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     spot: SpotConfig = field(default_factory=SpotConfig)
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
 
     @classmethod
@@ -359,7 +393,9 @@ class TrainConfig:
         URLs lose any user:password part.
         """
         data = {
-            f.name: {k: v for k, v in dataclasses.asdict(getattr(self, f.name)).items() if v is not None}
+            f.name: {
+                k: v for k, v in dataclasses.asdict(getattr(self, f.name)).items() if v is not None
+            }
             for f in dataclasses.fields(self)
         }
         if not secrets:
@@ -413,7 +449,9 @@ def _matches(value: Any, tp: Any) -> bool:
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        )
     return isinstance(value, tp)
 
 
@@ -465,13 +503,17 @@ def parse_override_value(text: str) -> Any:
         return text
 
 
-def apply_overrides(data: Mapping[str, Any], overrides: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+def apply_overrides(
+    data: Mapping[str, Any], overrides: Iterable[tuple[str, Any]]
+) -> dict[str, Any]:
     """Set `section.key` values in a nested dict; string values are parsed as TOML values."""
     result = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
     for dotted, raw in overrides:
         parts = dotted.split(".")
         if len(parts) < 2 or not all(parts):
-            raise ConfigError(f"override {dotted!r} is invalid: use section.key=value, e.g. batch.micro=8")
+            raise ConfigError(
+                f"override {dotted!r} is invalid: use section.key=value, e.g. batch.micro=8"
+            )
         value = parse_override_value(raw) if isinstance(raw, str) else raw
         table = result
         for part in parts[:-1]:

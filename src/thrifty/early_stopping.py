@@ -31,7 +31,11 @@ class EarlyStopping:
         return self.patience > 0 and self.bad_evaluations >= self.patience
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "bad_evaluations": self.bad_evaluations, "history": list(self.history)}
+        return {
+            "best": self.best,
+            "bad_evaluations": self.bad_evaluations,
+            "history": list(self.history),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best = float(state["best"])

@@ -20,7 +20,13 @@ class EpochSampler(Sampler[int]):
     replaying the epoch."""
 
     def __init__(
-        self, length: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1
+        self,
+        length: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         self.length = length
         self.shuffle = shuffle

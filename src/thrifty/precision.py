@@ -92,6 +92,13 @@ def cpu_has_native_bf16() -> bool:
     return bool({"amx_bf16", "avx512_bf16"} & _cpu_flags())
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` runs bf16 matmuls natively (CUDA ≥ 8.0, or AMX/AVX512-BF16 CPUs)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device)[0] >= 8
+    return device.type == "cpu" and cpu_has_native_bf16()
+
+
 def resolve_precision(mode: str, device: torch.device) -> Precision:
     """Turn `auto | bf16 | fp16 | fp32` into a concrete Precision for `device`, with the reason."""
     kind = device.type
@@ -101,9 +108,12 @@ def resolve_precision(mode: str, device: torch.device) -> Precision:
         major, minor = torch.cuda.get_device_capability(device)
         name = torch.cuda.get_device_name(device)
         if major >= 8:
-            return Precision("bf16", kind, f"{name} (compute capability {major}.{minor}) runs bf16 natively")
+            return Precision(
+                "bf16", kind, f"{name} (compute capability {major}.{minor}) runs bf16 natively"
+            )
         return Precision(
-            "fp16", kind,
+            "fp16",
+            kind,
             f"{name} (compute capability {major}.{minor}) lacks bf16: fp16 with a GradScaler",
         )
     if kind == "cpu":

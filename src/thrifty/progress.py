@@ -9,7 +9,9 @@ from typing import Any
 class ProgressBar:
     """A rich progress bar, or nothing when disabled (not a terminal, or run.progress = off)."""
 
-    def __init__(self, total_steps: int | None, mode: str = "auto", description: str = "train") -> None:
+    def __init__(
+        self, total_steps: int | None, mode: str = "auto", description: str = "train"
+    ) -> None:
         self.enabled = mode == "on" or (mode == "auto" and sys.stderr.isatty())
         self._progress: Any = None
         if not self.enabled:
@@ -39,10 +41,23 @@ class ProgressBar:
         self._task = self._progress.add_task(description, total=total_steps, loss="-", rate="")
         self._progress.start()
 
-    def update(self, step: int, loss: float, tokens_per_second: float, samples_per_second: float) -> None:
+    def update(
+        self,
+        step: int,
+        loss: float,
+        tokens_per_second: float,
+        samples_per_second: float,
+        dollars: str = "",
+    ) -> None:
         if self._progress is None:
             return
-        rate = f"{tokens_per_second:,.0f} tok/s" if tokens_per_second else f"{samples_per_second:,.1f} samples/s"
+        rate = (
+            f"{tokens_per_second:,.0f} tok/s"
+            if tokens_per_second
+            else f"{samples_per_second:,.1f} samples/s"
+        )
+        if dollars:
+            rate = f"{rate}  {dollars}"
         self._progress.update(self._task, completed=step, loss=f"{loss:.4f}", rate=rate)
 
     def close(self) -> None:

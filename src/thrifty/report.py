@@ -32,10 +32,15 @@ def print_summary(result: Any) -> None:
         ("final train loss", result.train_loss),
         ("tokens/s", result.tokens_per_second),
         ("samples/s", result.samples_per_second),
+        ("MFU", None if result.mfu is None else f"{result.mfu:.1%}"),
         ("precision", result.precision),
         ("num_workers", result.num_workers),
         ("stop reason", result.stop_reason),
         ("wall seconds", result.wall_seconds),
+        (
+            "dollars",
+            None if not result.cost else f"${result.cost['usd']:.4f} ({result.cost['pricing']})",
+        ),
         ("run directory", result.run_dir),
     ]
     for name, value in rows:
@@ -43,3 +48,36 @@ def print_summary(result: Any) -> None:
             continue  # not a token-based task
         table.add_row(name, _fmt(value))
     Console().print(table)
+
+
+def print_diagnosis(diagnosis: Any, result: Any = None) -> None:
+    """Where the step time goes, what limits it, and what to change, in that order."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title="where each step's time goes", show_header=True)
+    table.add_column("phase")
+    table.add_column("share", justify="right")
+    seconds = diagnosis.measured.seconds() if diagnosis.measured is not None else {}
+    table.add_column("ms/step", justify="right")
+    for phase, share in diagnosis.breakdown.items():
+        table.add_row(
+            phase.replace("_", " "), f"{share:.1%}", f"{seconds.get(phase, 0.0) * 1e3:.1f}"
+        )
+    console.print(table)
+    mfu = "n/a" if diagnosis.mfu is None else f"{diagnosis.mfu:.1%}"
+    console.print(f"[bold]bottleneck: {diagnosis.bottleneck}[/bold]  (MFU {mfu})")
+    for line in diagnosis.evidence:
+        console.print(escape(f"  • {line}"))
+    if diagnosis.recommendations:
+        console.print("[bold]recommendations[/bold] (data first, then memory, then compute):")
+        for i, rec in enumerate(diagnosis.recommendations, 1):
+            console.print(escape(f"  {i}. [{rec.area}] {rec.text} — expected: {rec.expected}"))
+    if result is not None and result.cost:
+        c = result.cost
+        console.print(
+            f"cost: {c['gpu_hours']:.4f} GPU-hours, ${c['usd']:.4f} at {c['pricing']} "
+            f"(on-demand would have been ${c['on_demand_usd']:.4f})"
+        )

@@ -79,8 +79,11 @@ def truncate_metrics(path: str | os.PathLike[str], step: int) -> None:
     path = Path(path)
     if not path.exists():
         return
-    keep = [line for line in path.read_text().splitlines(keepends=True)
-            if line.strip() and json.loads(line).get("step", 0) <= step]
+    keep = [
+        line
+        for line in path.read_text().splitlines(keepends=True)
+        if line.strip() and json.loads(line).get("step", 0) <= step
+    ]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(keep))
     os.replace(tmp, path)

@@ -54,7 +54,10 @@ def build_scheduler(
 
     def factor(step: int) -> float:
         return lr_multiplier(
-            step, warmup_steps=warmup_steps, decay=decay, total_steps=total_steps,
+            step,
+            warmup_steps=warmup_steps,
+            decay=decay,
+            total_steps=total_steps,
             min_lr_ratio=min_lr_ratio,
         )
 

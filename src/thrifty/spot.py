@@ -104,7 +104,9 @@ class SpotGuard:
         if self.interval.seconds:
             return f"checkpoints: every {_human(self.interval.seconds)} to {where}"
         if self.config.every == "auto":
-            return f"checkpoints: to {where}; interval auto (Young/Daly after a first measured save)"
+            return (
+                f"checkpoints: to {where}; interval auto (Young/Daly after a first measured save)"
+            )
         return f"checkpoints: off (emergency and final saves only) to {where}"
 
     # --- resume -------------------------------------------------------------------------------
@@ -117,7 +119,10 @@ class SpotGuard:
         if mode == "auto":
             info = self.manager.latest()
             where = redact(self.manager.location)
-            return info, f"newest valid checkpoint at {where}" if info else f"no checkpoint at {where}"
+            return (
+                info,
+                f"newest valid checkpoint at {where}" if info else f"no checkpoint at {where}",
+            )
         return mode, f"checkpoint {redact(mode)}"
 
     def has_checkpoints(self) -> bool:
@@ -154,7 +159,8 @@ class SpotGuard:
         if self.config.every == "auto" and self.interval == Interval():
             self.manager.wait()  # once: the interval needs the full save time
             tau, text = auto_interval(
-                self.manager.last_stall_seconds, self.manager.last_save_seconds,
+                self.manager.last_stall_seconds,
+                self.manager.last_save_seconds,
                 self.config.interruption_rate,
             )
             self.interval = Interval(seconds=tau)
@@ -169,7 +175,9 @@ class SpotGuard:
         if pending:
             log.warning(
                 "upload of step(s) %s not confirmed within %s; the local copy in %s is kept",
-                pending, self.config.upload_deadline, self.manager.local_dir,
+                pending,
+                self.config.upload_deadline,
+                self.manager.local_dir,
             )
         return done and not pending
 

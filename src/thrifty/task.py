@@ -28,7 +28,9 @@ def import_object(path: str, field: str) -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise ConfigError(f"{field} = {path!r} does not import: {module_name} has no attribute {attr!r}") from None
+            raise ConfigError(
+                f"{field} = {path!r} does not import: {module_name} has no attribute {attr!r}"
+            ) from None
     if not callable(obj):
         raise ConfigError(f"{field} = {path!r} is not callable: name a function or class")
     return obj

@@ -8,7 +8,6 @@ schedule — not a branch inside it.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -26,11 +25,25 @@ from thrifty.batches import LossFn, call_model, count_samples, count_tokens, los
 from thrifty.config import RunConfig, TrainConfig, dump_toml
 from thrifty.early_stopping import Budget, EarlyStopping
 from thrifty.errors import ConfigError, ThriftyError
-from thrifty.loading import EpochSampler, LoaderSettings, build_loader, choose_num_workers
-from thrifty.precision import Precision, resolve_precision
+from thrifty.instrument import NullTimer, make_timer, maybe_trace, measure_flops
+from thrifty.loading import (
+    EpochSampler,
+    LoaderSettings,
+    available_cpus,
+    build_loader,
+    choose_num_workers,
+)
+from thrifty.monitor import Peak, RunMonitor
+from thrifty.precision import Precision, native_bf16, resolve_precision
 from thrifty.progress import ProgressBar
 from thrifty.rng import rng_state, set_rng_state
-from thrifty.rundir import MetricsLog, default_run_dir, prepare_run_dir, truncate_metrics, write_json
+from thrifty.rundir import (
+    MetricsLog,
+    default_run_dir,
+    prepare_run_dir,
+    truncate_metrics,
+    write_json,
+)
 from thrifty.schedule import build_scheduler, scaled_lr
 from thrifty.spot import SpotGuard
 
@@ -56,6 +69,9 @@ class FitResult:
     num_workers: int
     checkpointed_blocks: list[str] = field(default_factory=list)
     run_dir: str | None = None
+    mfu: float | None = None  # model FLOP/s ÷ the device's peak for the dtype used
+    breakdown: dict[str, float] | None = None  # mean seconds per step of each phase
+    cost: dict[str, Any] | None = None  # GPU-hours, dollars, the on-demand equivalent
 
 
 @dataclass
@@ -77,7 +93,9 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"run.device = {name!r} is invalid: no CUDA device is available; use cpu or auto")
+        raise ConfigError(
+            f"run.device = {name!r} is invalid: no CUDA device is available; use cpu or auto"
+        )
     return device
 
 
@@ -131,6 +149,7 @@ class Trainer:
         self.forward_model: nn.Module = model
         self.run_dir: Path | None = None
         self.metrics: MetricsLog | None = None
+        self.diagnosis: Any = None  # set by fit(): what limited the steps, what to change
 
     # ------------------------------------------------------------------------------------
     # Set-up: each lever applied once, before the loop
@@ -144,6 +163,7 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = cfg.precision.allow_tf32
             torch.backends.cudnn.allow_tf32 = cfg.precision.allow_tf32
         self.model.to(self.device)
+        self.flops = self._measure_flops()  # before activation checkpointing: model FLOPs only
         self.checkpointed_blocks = self._apply_activation_checkpointing()
         self.scaler = self.precision.make_scaler()
         self.optimizer = self._optimizer_given or self._build_optimizer()
@@ -152,8 +172,11 @@ class Trainer:
         self.horizon = self._schedule_horizon()
         s = cfg.schedule
         self.scheduler = build_scheduler(
-            self.optimizer, warmup_steps=s.warmup_steps, decay=s.decay,
-            total_steps=self.horizon, min_lr_ratio=s.min_lr_ratio,
+            self.optimizer,
+            warmup_steps=s.warmup_steps,
+            decay=s.decay,
+            total_steps=self.horizon,
+            min_lr_ratio=s.min_lr_ratio,
         )
         self.forward_model = self._compile(self.model)
         self._params = [p for p in self.model.parameters() if p.requires_grad]
@@ -161,16 +184,151 @@ class Trainer:
         if self.checkpointed_blocks:
             log.info(
                 "activation checkpointing: %d blocks (%s)",
-                len(self.checkpointed_blocks), ", ".join(self.checkpointed_blocks),
+                len(self.checkpointed_blocks),
+                ", ".join(self.checkpointed_blocks),
             )
         log.info(
             "batch: micro %d × %d accumulation steps = effective %d",
-            cfg.batch.micro, self.accumulation, cfg.batch.micro * self.accumulation,
+            cfg.batch.micro,
+            self.accumulation,
+            cfg.batch.micro * self.accumulation,
         )
+
+    def _measure_flops(self) -> Any:
+        """FLOPs and aten ops of one optimizer step, measured once on a real micro-batch."""
+        if not self.config.measure.breakdown:
+            return None
+        from torch.utils.data import default_collate
+
+        micro = self.config.batch.micro
+        collate = self.collate_fn or default_collate
+        batch = to_device(collate([self.train_data[i] for i in range(micro)]), self.device)
+
+        def call(model: nn.Module, b: Any) -> torch.Tensor:
+            with self.precision.autocast():
+                return call_model(model, b, self.loss_fn)
+
+        try:
+            count = measure_flops(self.model, batch, call)
+        except ThriftyError:
+            raise
+        except Exception as exc:  # a model the FLOP counter cannot trace: MFU is then unknown
+            log.warning("could not count the model's FLOPs (%s): MFU will not be reported", exc)
+            return None
+        return count
+
+    def _peak(self) -> Peak | None:
+        from thrifty.measure.peak import peak_flops
+
+        tf32 = self.device.type == "cuda" and self.config.precision.allow_tf32
+        try:
+            with torch.random.fork_rng(devices=[]):  # the CPU benchmark must not shift the RNG
+                peak = peak_flops(
+                    self.device,
+                    self.precision.name,
+                    given_tflops=self.config.measure.peak_tflops,
+                    tf32=tf32,
+                )
+        except ThriftyError as exc:
+            log.warning("%s; MFU will not be reported", exc)
+            return None
+        return Peak(peak.flops_per_second, peak.source)
+
+    def _monitor(self, budget: Budget) -> RunMonitor:
+        cfg = self.config
+        flops = cfg.measure.flops_per_step or (
+            self.flops.flops * self.accumulation if self.flops is not None else None
+        )
+        peak = self._peak() if flops else None
+        if peak is not None:
+            log.info("MFU against %.1f TFLOP/s (%s)", peak.flops_per_second / 1e12, peak.source)
+        sampler = None
+        if cfg.measure.system:
+            from thrifty.measure.system import SystemSampler
+
+            sampler = SystemSampler(cfg.measure.sample_seconds).start()
+        cost = None
+        if cfg.cost.enabled:
+            from thrifty.measure.cost import CostMeter
+
+            cost = CostMeter.from_config(cfg.cost)
+        horizon = cfg.run.max_epochs * self.steps_per_epoch if cfg.run.max_epochs else None
+
+        def fraction_done() -> float | None:
+            s = self.state
+            parts = [
+                s.step / budget.max_steps if budget.max_steps else 0.0,
+                s.tokens / budget.max_tokens if budget.max_tokens else 0.0,
+                s.seconds / budget.max_seconds if budget.max_seconds else 0.0,
+                s.step / horizon if horizon else 0.0,
+            ]
+            return min(1.0, max(parts)) or None
+
+        assert self.metrics is not None
+        return RunMonitor(
+            self.metrics,
+            ProgressBar(cfg.run.max_steps, cfg.run.progress),
+            make_timer(cfg.measure.breakdown, self.device),
+            exclude_steps=3 if cfg.compile.mode != "off" else 1,
+            flops_per_step=flops,
+            peak=peak,
+            sampler=sampler,
+            cost=cost,
+            budget_fraction=fraction_done,
+        )
+
+    def _diagnose(self, monitor: RunMonitor, result: FitResult) -> Any:
+        """The bottleneck and what to do about it, from what this run measured."""
+        from thrifty.measure.diagnosis import diagnose
+        from thrifty.measure.evidence import Evidence
+
+        phases = monitor.mean_phases()
+        if phases is None or not monitor.step_times:
+            return None
+        system = monitor.system_means()
+        cuda = self.device.type == "cuda"
+        evidence = Evidence(
+            step_seconds=sum(monitor.step_times) / len(monitor.step_times),
+            steps=len(monitor.step_times),
+            **{f"{p}_seconds": v for p, v in phases.items() if p != "other"},
+            accumulation_steps=self.accumulation,
+            micro_batch=self.config.batch.micro,
+            num_workers=self.train_loader.num_workers,
+            fetch_seconds_per_batch=self.worker_choice.seconds_per_batch
+            if self.worker_choice
+            else None,
+            cpus=available_cpus(),
+            device_type=self.device.type,
+            device_name=torch.cuda.get_device_name(self.device) if cuda else None,
+            precision=self.precision.name,
+            tf32=cuda and self.config.precision.allow_tf32,
+            native_bf16=native_bf16(self.device),
+            compiled=self.config.compile.mode != "off",
+            activation_checkpointing=str(self.config.activation_checkpointing.policy),
+            flops_per_step=monitor.flops_per_step,
+            aten_ops_per_step=self.flops.ops * self.accumulation if self.flops else None,
+            mfu=monitor.mfu,
+            peak_source=monitor.peak.source if monitor.peak else None,
+            peak_memory_bytes=float(torch.cuda.max_memory_allocated(self.device)) if cuda else None,
+            device_memory_bytes=(
+                float(torch.cuda.get_device_properties(self.device).total_memory) if cuda else None
+            ),
+            activation_bytes=float(self.flops.activation_bytes) if self.flops else None,
+            gpu_util_mean=system.get("gpu_util_mean"),
+            gpu_util_std=system.get("gpu_util_std"),
+            cpu_util_mean=system.get("cpu_percent_mean"),
+            cpu_util_std=system.get("cpu_percent_std"),
+        )
+        diagnosis = diagnose(evidence)
+        if self.run_dir is not None:
+            write_json(self.run_dir / "diagnosis.json", diagnosis.to_dict())
+        return diagnosis
 
     def _apply_activation_checkpointing(self) -> list[str]:
         try:
-            return apply_activation_checkpointing(self.model, self.config.activation_checkpointing.policy)
+            return apply_activation_checkpointing(
+                self.model, self.config.activation_checkpointing.policy
+            )
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
 
@@ -178,7 +336,9 @@ class Trainer:
         o = self.config.optimizer
         params = [p for p in self.model.parameters() if p.requires_grad]
         if o.name == "sgd":
-            return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+            return torch.optim.SGD(
+                params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay
+            )
         # Weight decay on matrices only: decaying biases and norm gains hurts and saves nothing.
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2]
@@ -219,13 +379,20 @@ class Trainer:
         choice = None
         workers = d.num_workers
         if workers == "auto":
-            choice = choose_num_workers(self.train_data, self._loader_settings(micro, 0), self.collate_fn)
+            choice = choose_num_workers(
+                self.train_data, self._loader_settings(micro, 0), self.collate_fn
+            )
             workers = choice.num_workers
             log.info("data: %s", choice.describe())
-        self.sampler = EpochSampler(len(self.train_data), shuffle=d.shuffle, seed=self.config.run.seed)
+        self.sampler = EpochSampler(
+            len(self.train_data), shuffle=d.shuffle, seed=self.config.run.seed
+        )
         loader = build_loader(
-            self.train_data, self.sampler, self._loader_settings(micro, int(workers)),
-            self.collate_fn, seed=self.config.run.seed,
+            self.train_data,
+            self.sampler,
+            self._loader_settings(micro, int(workers)),
+            self.collate_fn,
+            seed=self.config.run.seed,
         )
         steps_per_epoch = len(self.train_data) // micro // self.accumulation
         if steps_per_epoch == 0:
@@ -257,26 +424,34 @@ class Trainer:
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
 
-    def _train_step(self, window: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _train_step(
+        self, window: list[Any], timer: NullTimer
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One optimizer step over an accumulation window; returns (loss, grad norm) as tensors
         on the device — reading them would force a host sync, so the caller batches that."""
         weights = loss_weights(window, self.config.batch.normalize)  # counted on the host
         non_blocking = self.device.type == "cuda"
         window_loss = torch.zeros((), device=self.device)
-        for batch, weight in zip(window, weights):
+        for batch, weight in zip(window, weights, strict=True):
             batch = to_device(batch, self.device, non_blocking)
+            timer.mark("host_to_device")
             with self.precision.autocast():
                 loss = call_model(self.forward_model, batch, self.loss_fn)
+            timer.mark("forward")
             self.scaler.scale(loss * weight).backward()
             window_loss += loss.detach().float() * weight
+            timer.mark("backward")
         grad_norm = None
         if self.config.optimizer.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
-            grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.config.optimizer.grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                self._params, self.config.optimizer.grad_clip
+            )
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        timer.mark("optimizer")
         return window_loss, grad_norm
 
     def fit(self) -> FitResult:
@@ -287,74 +462,100 @@ class Trainer:
         self._setup()
         guard = self._open_run_dir()
         budget = Budget(cfg.run.max_steps, cfg.run.max_tokens, cfg.run.max_seconds)
-        progress = ProgressBar(cfg.run.max_steps, cfg.run.progress)
-        meter = _ThroughputMeter(exclude_steps=3 if cfg.compile.mode != "off" else 1)
-        pending: list[dict[str, Any]] = []
+        monitor = self._monitor(budget)
         if self.state.step == 0:
             self.state.initial_val_loss = self.state.val_loss = self.evaluate()
         stop_reason = "data_exhausted"
-        train_loss = math.nan
         seconds_before = self.state.seconds
-        started = last = time.perf_counter()
+        started = time.perf_counter()
+        timer = monitor.timer
         guard.start(self.state.step)
         try:
-            for window in self._windows():
-                lr = self.optimizer.param_groups[0]["lr"]
-                loss, grad_norm = self._train_step(window)
-                samples = sum(count_samples(b) for b in window)
-                tokens = sum(count_tokens(b) for b in window)
-                now = time.perf_counter()
-                self._advance(samples, tokens, seconds_before + now - started)
-                meter.add(now - last, samples, tokens)
-                pending.append({
-                    "step": self.state.step, "loss": loss, "grad_norm": grad_norm,
-                    "lr": lr, "samples": self.state.samples,
-                    "tokens": self.state.tokens, "step_seconds": now - last,
-                })
-                reason = budget.exceeded(self.state.step, self.state.tokens, self.state.seconds)
-                evaluate = self.val_data is not None and (
-                    self.state.step % cfg.eval.every == 0 or reason is not None
-                )
-                save = guard.due(self.state.step) or guard.preempted
-                if len(pending) >= cfg.run.log_every or evaluate or reason or save:
-                    train_loss = self._flush(pending, meter, progress)
-                if evaluate:
-                    self.state.val_loss = self.evaluate()
-                    self._log_event(val_loss=self.state.val_loss)
-                    if self.early_stopping.update(self.state.val_loss) and reason is None:
-                        reason = "early_stopping"
-                if guard.preempted:
-                    guard.emergency_save(self.state.step, self.state_dict(), self.state.val_loss)
-                    reason = "preempted"
-                elif save and reason is None:
-                    guard.save(self.state.step, self.state_dict(), self.state.val_loss)
-                if reason is not None:
-                    stop_reason = reason
-                    break
-                last = time.perf_counter()  # evaluation and saving are not step time
-            if pending:
-                train_loss = self._flush(pending, meter, progress)
+            with maybe_trace(cfg.measure.trace, cfg.measure.trace_steps) as trace_step:
+                step_start = time.perf_counter()
+                timer.start()
+                for window in self._windows():
+                    timer.mark("data_wait")
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    loss, grad_norm = self._train_step(window, timer)
+                    samples = sum(count_samples(b) for b in window)
+                    tokens = sum(count_tokens(b) for b in window)
+                    self._advance(samples, tokens, seconds_before + time.perf_counter() - started)
+                    reason = budget.exceeded(self.state.step, self.state.tokens, self.state.seconds)
+                    if self.val_data is not None and (
+                        self.state.step % cfg.eval.every == 0 or reason
+                    ):
+                        eval_start = time.perf_counter()
+                        self.state.val_loss = self.evaluate()
+                        self._log_event(val_loss=self.state.val_loss)
+                        if self.early_stopping.update(self.state.val_loss) and reason is None:
+                            reason = "early_stopping"
+                        step_start += (
+                            time.perf_counter() - eval_start
+                        )  # evaluation is not step time
+                    if guard.preempted or (reason is None and guard.due(self.state.step)):
+                        monitor.flush(self.state.seconds, self.state.samples, self.state.tokens)
+                        save_start = time.perf_counter()
+                        if guard.preempted:
+                            guard.emergency_save(
+                                self.state.step, self.state_dict(), self.state.val_loss
+                            )
+                            reason = "preempted"
+                        else:
+                            guard.save(self.state.step, self.state_dict(), self.state.val_loss)
+                        timer.add("checkpoint", time.perf_counter() - save_start)
+                    now = time.perf_counter()
+                    monitor.add(
+                        {
+                            "step": self.state.step,
+                            "loss": loss,
+                            "grad_norm": grad_norm,
+                            "lr": lr,
+                            "samples": self.state.samples,
+                            "tokens": self.state.tokens,
+                            "step_seconds": now - step_start,
+                            "samples_in_step": samples,
+                            "tokens_in_step": tokens,
+                        },
+                        timer.finish(),
+                    )
+                    if len(monitor.pending) >= cfg.run.log_every or reason is not None:
+                        monitor.flush(self.state.seconds, self.state.samples, self.state.tokens)
+                    trace_step()
+                    if reason is not None:
+                        stop_reason = reason
+                        break
+                    step_start = time.perf_counter()
+                    timer.start()
+            monitor.flush(self.state.seconds, self.state.samples, self.state.tokens)
             final_state = None if stop_reason == "preempted" else self.state_dict()
             guard.finish(self.state.step, final_state, self.state.val_loss)
         except BaseException:
             guard.abandon()
             raise
         finally:
-            progress.close()
-            if self.metrics is not None:
-                self.metrics.close()
+            monitor.close()
         result = FitResult(
-            steps=self.state.step, samples=self.state.samples, tokens=self.state.tokens,
-            train_loss=train_loss, val_loss=self.state.val_loss,
+            steps=self.state.step,
+            samples=self.state.samples,
+            tokens=self.state.tokens,
+            train_loss=monitor.train_loss,
+            val_loss=self.state.val_loss,
             initial_val_loss=self.state.initial_val_loss,
             best_val_loss=None if not self.early_stopping.history else self.early_stopping.best,
-            tokens_per_second=meter.tokens_per_second, samples_per_second=meter.samples_per_second,
-            stop_reason=stop_reason, wall_seconds=time.perf_counter() - wall_start,
+            tokens_per_second=monitor.meter.tokens_per_second,
+            samples_per_second=monitor.meter.samples_per_second,
+            stop_reason=stop_reason,
+            wall_seconds=time.perf_counter() - wall_start,
             precision=self.precision.name,
             num_workers=self.train_loader.num_workers,
             checkpointed_blocks=self.checkpointed_blocks,
             run_dir=str(self.run_dir) if self.run_dir else None,
+            mfu=monitor.mfu,
+            breakdown=monitor.mean_phases(),
+            cost=monitor.cost.summary().to_dict() if monitor.cost is not None else None,
         )
+        self.diagnosis = self._diagnose(monitor, result)
         if stop_reason != "preempted":  # summary.json marks a finished run
             self._write_summary(result)
         return result
@@ -387,7 +588,11 @@ class Trainer:
         for i, batch in enumerate(loader):
             if e.batches and i >= e.batches:
                 break
-            weight = count_tokens(batch) if isinstance(batch, dict) and "loss_mask" in batch else count_samples(batch)
+            weight = (
+                count_tokens(batch)
+                if isinstance(batch, dict) and "loss_mask" in batch
+                else count_samples(batch)
+            )
             batch = to_device(batch, self.device, self.device.type == "cuda")
             with self.precision.autocast():
                 loss = call_model(self.forward_model, batch, self.loss_fn)
@@ -474,19 +679,6 @@ class Trainer:
     def _log_event(self, **fields: Any) -> None:
         self.metrics.write([{"step": self.state.step, **fields}])
 
-    def _flush(self, pending: list[dict[str, Any]], meter: _ThroughputMeter, progress: ProgressBar) -> float:
-        """Write the buffered steps: one host sync for the whole interval."""
-        tensors = [r["loss"] for r in pending] + [r["grad_norm"] for r in pending if r["grad_norm"] is not None]
-        values = torch.stack([t.float() for t in tensors]).tolist()
-        losses, norms = values[: len(pending)], iter(values[len(pending) :])
-        for record, loss in zip(pending, losses):
-            record["loss"] = loss
-            record["grad_norm"] = next(norms) if record["grad_norm"] is not None else None
-        self.metrics.write(pending)
-        progress.update(self.state.step, losses[-1], meter.tokens_per_second, meter.samples_per_second)
-        pending.clear()
-        return losses[-1]
-
     def _write_summary(self, result: FitResult) -> None:
         if self.run_dir is None:
             return
@@ -510,7 +702,9 @@ def check_compatible(model: nn.Module, state: dict[str, Any], effective_batch: i
     for key in sorted(set(saved) | set(current)):
         if key not in current or key not in saved:
             where = "only in the checkpoint" if key in saved else "only in this model"
-            raise ThriftyError(f"the checkpoint is for another model: parameter {key} is {where}: {fix}")
+            raise ThriftyError(
+                f"the checkpoint is for another model: parameter {key} is {where}: {fix}"
+            )
         if tuple(saved[key].shape) != tuple(current[key].shape):
             raise ThriftyError(
                 f"the checkpoint is for another model: {key} is {tuple(saved[key].shape)} there and "
@@ -529,32 +723,3 @@ def _remove_local_checkpoints(run_dir: Path, checkpoint: Any) -> None:
 
     if checkpoint.location is None and (run_dir / "checkpoints").is_dir():
         shutil.rmtree(run_dir / "checkpoints")
-
-
-class _ThroughputMeter:
-    """Samples and tokens per second, leaving out the first steps (allocator and compile
-    warm-up), so the figure describes the steady state the rest of the run will see."""
-
-    def __init__(self, exclude_steps: int = 1) -> None:
-        self.exclude = exclude_steps
-        self.seen = 0
-        self.seconds = 0.0
-        self.samples = 0
-        self.tokens = 0
-
-    def add(self, seconds: float, samples: int, tokens: int) -> None:
-        self.seen += 1
-        if self.seen <= self.exclude:
-            return
-        self.seconds += seconds
-        self.samples += samples
-        self.tokens += tokens
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
-    @property
-    def samples_per_second(self) -> float:
-        return self.samples / self.seconds if self.seconds else 0.0
-

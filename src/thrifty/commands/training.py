@@ -9,15 +9,36 @@ HELP_SET = "override a config value, e.g. --set batch.micro=8 (repeatable)"
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help=HELP_SET)
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help=HELP_SET,
+    )
     parser.add_argument("--out", metavar="DIR", help="run directory (default: runs/<name>-<time>)")
-    parser.add_argument("--steps", type=int, metavar="N", help="optimizer steps to run (run.max_steps)")
-    parser.add_argument("--overwrite", action="store_true", help="reuse a run directory that already holds a run")
+    parser.add_argument(
+        "--steps", type=int, metavar="N", help="optimizer steps to run (run.max_steps)"
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="start over in a run directory that holds a run"
+    )
+    parser.add_argument(
+        "--trace", metavar="DIR", help="write a torch.profiler trace of a few steps to DIR"
+    )
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        metavar="X",
+        help="the device's peak TFLOP/s for MFU (measure.peak_tflops)",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     demo = subparsers.add_parser(
-        "demo", help="train a small byte-level GPT on the Python standard library's source",
+        "demo",
+        help="train a small byte-level GPT on the Python standard library's source",
         description="Train a small byte-level GPT from scratch on the Python standard library's "
         "own source files (no download) and print the run's summary.",
     )
@@ -25,7 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     demo.set_defaults(handler=run_demo)
 
     train = subparsers.add_parser(
-        "train", help="train the model, data and optimizer a TOML config names",
+        "train",
+        help="train the model, data and optimizer a TOML config names",
         description="Train a model from a TOML config whose [task] names factories by import path.",
     )
     train.add_argument("config", metavar="CONFIG.toml")
@@ -43,6 +65,10 @@ def _overrides(args: argparse.Namespace) -> list[tuple[str, Any]]:
         pairs.append(("run.out", args.out))
     if args.overwrite:
         pairs.append(("run.overwrite", True))
+    if args.trace is not None:
+        pairs.append(("measure.trace", args.trace))
+    if args.peak_tflops is not None:
+        pairs.append(("measure.peak_tflops", args.peak_tflops))
     return pairs
 
 
@@ -64,7 +90,7 @@ def run_train(args: argparse.Namespace) -> int:
 def _train(config: Any) -> int:
     import logging
 
-    from thrifty.report import print_summary
+    from thrifty.report import print_diagnosis, print_summary
     from thrifty.task import build_task
     from thrifty.trainer import Trainer, _seed_everything
 
@@ -72,9 +98,23 @@ def _train(config: Any) -> int:
     _seed_everything(config.run.seed)
     task = build_task(config)
     trainer = Trainer(
-        task.model, task.train_data, config,
-        optimizer=task.optimizer, val_data=task.val_data, loss_fn=task.loss_fn,
+        task.model,
+        task.train_data,
+        config,
+        optimizer=task.optimizer,
+        val_data=task.val_data,
+        loss_fn=task.loss_fn,
     )
     result = trainer.fit()
     print_summary(result)
+    if trainer.diagnosis is not None:
+        print_diagnosis(trainer.diagnosis, result)
+    if result.stop_reason == "preempted":
+        from thrifty.preemption import EXIT_PREEMPTED
+
+        print(
+            f"thrifty: preempted at step {result.steps}; checkpoint saved, run the same command "
+            f"to resume (exit code {EXIT_PREEMPTED})"
+        )
+        return EXIT_PREEMPTED
     return 0

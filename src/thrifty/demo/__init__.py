@@ -16,7 +16,11 @@ DEMO_CONFIG: dict[str, dict[str, Any]] = {
     "precision": {"mode": "auto"},
     "batch": {"micro": 16, "effective": 32},
     "optimizer": {
-        "name": "adamw", "lr": 2e-3, "weight_decay": 0.1, "betas": [0.9, 0.95], "grad_clip": 1.0,
+        "name": "adamw",
+        "lr": 2e-3,
+        "weight_decay": 0.1,
+        "betas": [0.9, 0.95],
+        "grad_clip": 1.0,
     },
     "schedule": {"warmup_steps": 30, "decay": "cosine", "min_lr_ratio": 0.1},
     "data": {"num_workers": "auto"},
@@ -44,4 +48,12 @@ def val_dataset(block_size: int = 128, max_bytes: int = 300_000) -> ByteWindows:
     return ByteWindows(load_split("val", max_bytes), block_size)
 
 
-__all__ = ["DEMO_CONFIG", "GPT", "GPTConfig", "ByteWindows", "build_model", "train_dataset", "val_dataset"]
+__all__ = [
+    "DEMO_CONFIG",
+    "GPT",
+    "GPTConfig",
+    "ByteWindows",
+    "build_model",
+    "train_dataset",
+    "val_dataset",
+]

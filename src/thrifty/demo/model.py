@@ -98,9 +98,7 @@ class GPT(nn.Module):
             return logits
         # The loss in fp32 whatever autocast chose for the matmuls: log-softmax over a bf16
         # vocabulary loses precision the optimizer would feel.
-        losses = F.cross_entropy(
-            logits.float().flatten(0, 1), targets.flatten(), reduction="none"
-        )
+        losses = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
         if loss_mask is None:
             return losses.mean()
         mask = loss_mask.flatten().to(losses.dtype)

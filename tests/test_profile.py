@@ -1,0 +1,215 @@
+"""The loop's own measurements: step-time breakdown, MFU, cost, trace, and the diagnosis of
+workloads whose bottleneck is known."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import TokenDataset, tiny_gpt
+from thrifty import Trainer
+from thrifty.cli import main
+from thrifty.config import TrainConfig
+from thrifty.rundir import read_metrics
+
+PHASES = {"data_wait", "host_to_device", "forward", "backward", "optimizer", "checkpoint", "other"}
+
+
+def cfg(tmp_path, steps=8, **sections) -> TrainConfig:
+    base = {
+        "run": {
+            "max_steps": steps,
+            "device": "cpu",
+            "out": str(tmp_path / "run"),
+            "progress": "off",
+            "log_every": 4,
+        },
+        "batch": {"micro": 4},
+        "data": {"num_workers": 0},
+        "schedule": {"decay": "constant"},
+        "checkpoint": {"every": "off"},
+        "spot": {"provider": "none"},
+    }
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return TrainConfig.from_dict(base)
+
+
+def test_every_step_records_a_breakdown_that_adds_up_to_the_step(tmp_path):
+    result = Trainer(tiny_gpt(), TokenDataset(), cfg(tmp_path)).fit()
+    steps = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert len(steps) == 8
+    for r in steps:
+        assert set(r["breakdown"]) == PHASES
+        assert sum(r["breakdown"].values()) == pytest.approx(r["step_seconds"], rel=1e-6)
+        assert r["breakdown"]["backward"] > 0 and r["breakdown"]["forward"] > 0
+    assert 0 < result.mfu < 1
+    assert any("mfu" in r for r in steps)
+
+
+def test_breakdown_off_records_none(tmp_path):
+    result = Trainer(tiny_gpt(), TokenDataset(), cfg(tmp_path, measure={"breakdown": False})).fit()
+    steps = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert all("breakdown" not in r for r in steps)
+    assert result.mfu is None
+
+
+def test_cost_meter_reports_dollars_and_the_on_demand_equivalent(tmp_path):
+    config = cfg(
+        tmp_path,
+        cost={
+            "usd_per_gpu_hour": 1.2,
+            "gpus": 8,
+            "pricing": "spot",
+            "on_demand_usd_per_gpu_hour": 4.1,
+        },
+    )
+    result = Trainer(tiny_gpt(), TokenDataset(), config).fit()
+    c = result.cost
+    assert c["gpu_hours"] == pytest.approx(8 * c["seconds"] / 3600)
+    assert c["usd"] == pytest.approx(c["gpu_hours"] * 1.2)
+    assert c["on_demand_usd"] == pytest.approx(c["gpu_hours"] * 4.1)
+    last = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "cost" in r][-1]
+    assert last["cost"]["usd"] > 0 and last["cost"]["usd_per_million_tokens"] > 0
+    assert "projected" in last["cost"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["cost"]["usd"] == pytest.approx(c["usd"])
+
+
+def test_trace_writes_a_profiler_trace(tmp_path):
+    Trainer(
+        tiny_gpt(),
+        TokenDataset(),
+        cfg(tmp_path, measure={"trace": str(tmp_path / "trace"), "trace_steps": 2}),
+    ).fit()
+    assert list((tmp_path / "trace").glob("*.json"))
+
+
+# --- workloads with a known bottleneck ----------------------------------------------------
+
+
+class SlowItems(torch.utils.data.Dataset):
+    """Each item takes 20 ms to produce (a slow disk, a heavy decode)."""
+
+    def __len__(self) -> int:
+        return 512
+
+    def __getitem__(self, i: int):
+        time.sleep(0.02)
+        return torch.randn(16), torch.randn(1)
+
+
+class Regressor(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(width, 1)
+
+    def forward(self, x, y):
+        return ((self.lin(x) - y) ** 2).mean()
+
+
+class TinyOps(nn.Module):
+    """Hundreds of tiny ops: launch and interpreter overhead is all there is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(150))
+
+    def forward(self, x, y):
+        for layer in self.layers:
+            x = torch.tanh(layer(x)) * 0.5 + x
+        return ((x.sum(1, keepdim=True) - y) ** 2).mean()
+
+
+class BigMatmuls(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(*(nn.Linear(1024, 1024, bias=False) for _ in range(4)))
+
+    def forward(self, x, y):
+        return ((self.net(x).sum(1, keepdim=True) - y) ** 2).mean()
+
+
+class Vectors(torch.utils.data.Dataset):
+    def __init__(self, width: int, n: int = 4096) -> None:
+        self.x = torch.randn(n, width)
+        self.y = torch.randn(n, 1)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i]
+
+
+def diagnose(tmp_path, model, data, micro, steps=6):
+    config = cfg(
+        tmp_path,
+        steps=steps,
+        batch={"micro": micro},
+        precision={"mode": "fp32"},
+        optimizer={"name": "sgd", "lr": 1e-3},
+    )
+    trainer = Trainer(model, data, config)
+    trainer.fit()
+    return trainer.diagnosis
+
+
+def test_slow_items_are_diagnosed_as_data_loading(tmp_path):
+    d = diagnose(tmp_path, Regressor(16), SlowItems(), micro=8)
+    assert d.bottleneck == "data_loading"
+    assert d.recommendations[0].area == "data" and "num_workers" in d.recommendations[0].text
+
+
+def test_many_tiny_ops_are_diagnosed_as_overhead_bound(tmp_path):
+    d = diagnose(tmp_path, TinyOps(), Vectors(4), micro=2)
+    assert d.bottleneck == "overhead_bound"
+
+
+def test_big_matmuls_are_diagnosed_as_compute_bound(tmp_path):
+    d = diagnose(tmp_path, BigMatmuls(), Vectors(1024), micro=256, steps=4)
+    assert d.bottleneck == "compute_bound", d.evidence
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def test_profile_json_names_the_bottleneck(capsys, tmp_path):
+    code = main(
+        [
+            "profile",
+            "--steps",
+            "4",
+            "--json",
+            "--set",
+            "data.num_workers=0",
+            "--set",
+            "task.model_args={ n_layer = 2, n_head = 2, n_embd = 32, block_size = 32 }",
+            "--set",
+            "task.data_args={ block_size = 32, max_bytes = 100000 }",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    report = json.loads(out)
+    for key in ("bottleneck", "evidence", "recommendations", "breakdown", "mfu"):
+        assert key in report
+    assert sum(report["breakdown"].values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["profile", "--steps", "0"], "a profile needs at least 1 step"),
+        (["profile", "--steps", "2", "--set", "cost.instance=p9.mega"], "p9.mega"),
+        (["profile", "--steps", "2", "--set", "cost.usd_per_gpu_hour=-3"], "cost.usd_per_gpu_hour"),
+    ],
+)
+def test_profile_bad_input_is_one_line_and_exit_2(capsys, argv, message):
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
