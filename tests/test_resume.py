@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.server
 import os
 import signal
+import socket
 import threading
 
 import pytest
@@ -36,7 +37,9 @@ class SigtermAt(nn.Module):
         return self.inner(**batch)
 
 
-def config(out, *, workers=0, accumulate=1, steps=12, every="off", **extra) -> TrainConfig:
+def config(
+    out, *, workers=0, accumulate=1, steps=12, every="off", checkpoint=None, **extra
+) -> TrainConfig:
     return TrainConfig.from_dict(
         {
             "run": {
@@ -52,7 +55,7 @@ def config(out, *, workers=0, accumulate=1, steps=12, every="off", **extra) -> T
             "optimizer": {"lr": 3e-3},
             "schedule": {"warmup_steps": 3, "decay": "cosine"},
             "eval": {"every": 5},
-            "checkpoint": {"every": every},
+            "checkpoint": {"every": every, **(checkpoint or {})},
             "spot": {"provider": "none"},
             **extra,
         }
@@ -171,3 +174,63 @@ def test_a_gcp_preemption_notice_triggers_the_emergency_checkpoint(tmp_path):
     assert result.stop_reason == "preempted" and result.steps < 5000
     assert _Preempted.requests >= 3
     assert any((tmp_path / "run" / "checkpoints").glob(f"step-*{result.steps}/manifest.json"))
+
+
+def test_resume_on_a_new_machine_pulls_the_checkpoint_from_s3(tmp_path, monkeypatch):
+    """A run on S3 (moto on loopback) is preempted; a 'new machine' — another run directory
+    with an empty disk — resumes from the bucket and ends bit-identical to an uninterrupted run."""
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    pytest.importorskip("s3fs")
+    for key in list(os.environ):
+        if key.startswith("AWS_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="k",
+            aws_secret_access_key="s",
+            region_name="us-east-1",
+        ).create_bucket(Bucket="ckpt")
+        s3 = {
+            "location": "s3://ckpt/run",
+            "storage_options": {
+                "key": "k",
+                "secret": "very-secret",
+                "client_kwargs": {"endpoint_url": endpoint},
+            },
+        }
+        reference, _ = train(tmp_path / "ref")
+        _, first = train(tmp_path / "machine-a", at=6, checkpoint=s3)
+        assert first.stop_reason == "preempted"
+        resumed, second = train(tmp_path / "machine-b", checkpoint=s3)
+    finally:
+        server.stop()
+    assert second.steps == 12
+    for (name, a), b in zip(
+        reference.state_dict().items(), resumed.state_dict().values(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    assert read_metrics(tmp_path / "machine-b" / "metrics.jsonl")[0] == {
+        "step": first.steps,
+        "event": "resumed",
+    }
+    assert "very-secret" not in (tmp_path / "machine-a" / "config.toml").read_text()
+
+
+def test_an_attempt_killed_before_its_first_checkpoint_starts_over_with_a_warning(tmp_path, caplog):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 5.5}\n{"step": 2, "loss": 5.4}\n')
+    result = Trainer(SigtermAt(tiny_gpt(), None), TokenDataset(n=40), config(run, steps=3)).fit()
+    assert result.steps == 3
+    assert "ended before its first save" in caplog.text
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r] == [1, 2, 3]

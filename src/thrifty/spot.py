@@ -54,7 +54,7 @@ def auto_interval(
     overhead = delta / tau + rate * tau / 2  # saving, plus half an interval lost per interruption
     text = (
         f"checkpoint every {_human(tau)} (Daly; measured stall {delta * 1e3:.0f} ms, full save "
-        f"{save_seconds:.2f} s, {rate_text}); expected overhead {overhead:.2%}"
+        f"{save_seconds:.2f} s, {rate_text}); expected overhead {overhead * 100:.2g}%"
     )
     return tau, text
 

@@ -246,7 +246,8 @@ class Trainer:
         if cfg.measure.system:
             from thrifty.measure.system import SystemSampler
 
-            sampler = SystemSampler(cfg.measure.sample_seconds).start()
+            # GPU sensors only when training on one: on a CPU run their absence is no news.
+            sampler = SystemSampler(cfg.measure.sample_seconds, gpu=self.device.type == "cuda").start()
         cost = None
         if cfg.cost.enabled:
             from thrifty.measure.cost import CostMeter
@@ -633,7 +634,16 @@ class Trainer:
             )
         if ref is None and r.overwrite:
             _remove_local_checkpoints(run_dir, c)
-        self.run_dir = prepare_run_dir(run_dir, r.overwrite, resuming=ref is not None)
+        restart = False
+        if ref is None and c.resume == "auto" and (run_dir / "metrics.jsonl").exists():
+            # An attempt that died before its first checkpoint: nothing to resume, nothing lost
+            # but those steps. Start over, and say so.
+            log.warning(
+                "%s holds an unfinished run with no checkpoint (it ended before its first save): "
+                "starting it over from step 0", run_dir,
+            )
+            restart = True
+        self.run_dir = prepare_run_dir(run_dir, r.overwrite or restart, resuming=ref is not None)
         if ref is not None:
             self.load_state_dict(guard.load(ref))
             log.info("resumed from step %d (%s)", self.state.step, why)
