@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import time
 
 import torch
 
@@ -49,9 +50,37 @@ def run(data, steps: int, out: str, seed: int, instrumented: bool) -> list[float
     ]
 
 
+def direct_cost(accumulation: int = 2, repeats: int = 20_000) -> tuple[float, float]:
+    """Seconds of instrumentation work per step (the timer's marks, on the training thread) and
+    per second of training (the system sampler's samples, on its own thread): a noise-free
+    upper bound beside the A/B ratio."""
+    from thrifty.instrument import CpuTimer
+    from thrifty.measure.system import SystemSampler
+
+    timer = CpuTimer()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        timer.start()
+        timer.mark("data_wait")
+        for _ in range(accumulation):
+            timer.mark("host_to_device")
+            timer.mark("forward")
+            timer.mark("backward")
+        timer.mark("optimizer")
+        timer.resolve(timer.finish())
+    per_step = (time.perf_counter() - start) / repeats
+    sampler = SystemSampler(0.5, gpu=False)
+    sampler._open_psutil()
+    start = time.perf_counter()
+    for _ in range(200):
+        sampler.sample_once()
+    per_sample = (time.perf_counter() - start) / 200
+    return per_step, per_sample / 0.5
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=25)
     args = parser.parse_args()
     data = train_dataset()
@@ -71,6 +100,11 @@ def main() -> None:
     )
     print(f"median step: instrumented {t_on * 1e3:.2f} ms, plain {t_off * 1e3:.2f} ms")
     print(f"instrumentation ratio (on / off): {t_on / t_off:.3f}  (target ≤ 1.01)")
+    per_step, sampler_share = direct_cost()
+    print(
+        f"direct cost: timer {per_step * 1e6:.1f} µs per step ({per_step / t_off:.4%} of a step); "
+        f"system sampler {sampler_share:.4%} of one core"
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from thrifty.rundir import read_metrics
 EVERY = 5
 
 # Random byte windows (no file scan: each child process pays only torch's start-up).
-TASK_MODULE = '''
+TASK_MODULE = """
 import torch
 
 
@@ -40,7 +40,7 @@ def train_data(block_size=32):
 
 def val_data(block_size=32):
     return Windows(16, block_size, 1)
-'''
+"""
 
 CONFIG = """
 [run]
@@ -98,8 +98,9 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def test_two_kills_resume_to_the_same_bits(capsys, project):
-    code, out, err = run_cli(capsys, "chaos", "tiny.toml", "--kills", "2", "--every", str(EVERY),
-                             "--seed", "3", "--json")
+    code, out, err = run_cli(
+        capsys, "chaos", "tiny.toml", "--kills", "2", "--every", str(EVERY), "--seed", "3", "--json"
+    )
     assert code == 0, out + err
     assert "not used: run.max_time" in err
     report = json.loads(out)
@@ -136,8 +137,10 @@ def test_an_out_dir_that_holds_a_chaos_run_is_refused(capsys, project):
     (out_dir / "chaos.json").write_text("{}")
     code, _, err = run_cli(capsys, "chaos", "tiny.toml", "--out", str(out_dir))
     assert code == 2
-    assert err.strip() == f"thrifty: error: --out {out_dir} is not empty: choose another --out, " \
+    assert (
+        err.strip() == f"thrifty: error: --out {out_dir} is not empty: choose another --out, "
         "or replace its runs with --overwrite"
+    )
 
 
 @pytest.mark.parametrize(
@@ -237,10 +240,16 @@ def test_an_attempts_records_are_the_lines_after_what_it_kept():
 
 
 def test_states_are_compared_bit_for_bit():
-    a = {"model": {"w": torch.tensor([0.0, 1.0]), "b": torch.tensor([math.nan])},
-         "progress": {"step": 3, "seconds": 1.5, "val_loss": math.nan}, "config": {"out": "a"}}
-    b = {"model": {"w": torch.tensor([-0.0, 1.0]), "b": torch.tensor([math.nan])},
-         "progress": {"step": 3, "seconds": 9.0, "val_loss": math.nan}, "config": {"out": "b"}}
+    a = {
+        "model": {"w": torch.tensor([0.0, 1.0]), "b": torch.tensor([math.nan])},
+        "progress": {"step": 3, "seconds": 1.5, "val_loss": math.nan},
+        "config": {"out": "a"},
+    }
+    b = {
+        "model": {"w": torch.tensor([-0.0, 1.0]), "b": torch.tensor([math.nan])},
+        "progress": {"step": 3, "seconds": 9.0, "val_loss": math.nan},
+        "config": {"out": "b"},
+    }
     sections = compare_states(a, b)
     assert set(sections) == {"model", "progress"}  # the config names the run directory
     assert sections["model"]["differs"] == ["model.w"]  # -0.0 is not 0.0, bit for bit

@@ -247,7 +247,9 @@ class Trainer:
             from thrifty.measure.system import SystemSampler
 
             # GPU sensors only when training on one: on a CPU run their absence is no news.
-            sampler = SystemSampler(cfg.measure.sample_seconds, gpu=self.device.type == "cuda").start()
+            sampler = SystemSampler(
+                cfg.measure.sample_seconds, gpu=self.device.type == "cuda"
+            ).start()
         cost = None
         if cfg.cost.enabled:
             from thrifty.measure.cost import CostMeter
@@ -640,7 +642,8 @@ class Trainer:
             # but those steps. Start over, and say so.
             log.warning(
                 "%s holds an unfinished run with no checkpoint (it ended before its first save): "
-                "starting it over from step 0", run_dir,
+                "starting it over from step 0",
+                run_dir,
             )
             restart = True
         self.run_dir = prepare_run_dir(run_dir, r.overwrite or restart, resuming=ref is not None)

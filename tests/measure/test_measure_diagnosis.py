@@ -15,19 +15,35 @@ GIB = 2**30
 def _compute_heavy(**overrides: object) -> Evidence:
     """A 100 ms step that is almost all compute, as a base to change one thing at a time."""
     fields: dict[str, object] = {
-        "step_seconds": 0.100, "steps": 20, "data_wait_seconds": 0.002,
-        "host_to_device_seconds": 0.001, "forward_seconds": 0.030, "backward_seconds": 0.060,
-        "optimizer_seconds": 0.005, "device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3",
-        "precision": "bf16", "native_bf16": True, "micro_batch": 16, "num_workers": 4, "cpus": 8,
-        "aten_ops_per_step": 1200, "mfu": 0.45, "peak_source": "catalog",
+        "step_seconds": 0.100,
+        "steps": 20,
+        "data_wait_seconds": 0.002,
+        "host_to_device_seconds": 0.001,
+        "forward_seconds": 0.030,
+        "backward_seconds": 0.060,
+        "optimizer_seconds": 0.005,
+        "device_type": "cuda",
+        "device_name": "NVIDIA H100 80GB HBM3",
+        "precision": "bf16",
+        "native_bf16": True,
+        "micro_batch": 16,
+        "num_workers": 4,
+        "cpus": 8,
+        "aten_ops_per_step": 1200,
+        "mfu": 0.45,
+        "peak_source": "catalog",
     }
     fields.update(overrides)
     return Evidence(**fields)  # type: ignore[arg-type]
 
 
 def test_copies_taking_a_third_of_the_step_are_host_to_device() -> None:
-    evidence = _compute_heavy(host_to_device_seconds=0.035, forward_seconds=0.020,
-                              backward_seconds=0.035, optimizer_seconds=0.005)
+    evidence = _compute_heavy(
+        host_to_device_seconds=0.035,
+        forward_seconds=0.020,
+        backward_seconds=0.035,
+        optimizer_seconds=0.005,
+    )
     diagnosis = diagnose(evidence)
     assert diagnosis.bottleneck == "host_to_device"
     assert diagnosis.evidence[0].startswith("35% of step time is spent copying")
@@ -75,18 +91,27 @@ def test_without_mfu_compute_and_memory_bound_are_not_told_apart() -> None:
 
 
 def test_the_largest_wait_wins_when_several_pass_their_threshold() -> None:
-    evidence = _compute_heavy(data_wait_seconds=0.040, host_to_device_seconds=0.030,
-                              forward_seconds=0.010, backward_seconds=0.015,
-                              optimizer_seconds=0.005)
+    evidence = _compute_heavy(
+        data_wait_seconds=0.040,
+        host_to_device_seconds=0.030,
+        forward_seconds=0.010,
+        backward_seconds=0.015,
+        optimizer_seconds=0.005,
+    )
     assert diagnose(evidence).bottleneck == "data_loading"
 
 
 def test_workers_are_suggested_from_measured_fetch_time_and_capped_at_the_cpus() -> None:
     # 41% of a 100 ms step waiting with 2 workers; one process takes 300 ms per batch and the
     # step computes for 59 ms, so ceil(300 / 59) = 6 workers keep up (8 CPUs, 7 usable).
-    evidence = _compute_heavy(data_wait_seconds=0.041, forward_seconds=0.018,
-                              backward_seconds=0.036, optimizer_seconds=0.002,
-                              num_workers=2, fetch_seconds_per_batch={0: 0.300, 2: 0.150})
+    evidence = _compute_heavy(
+        data_wait_seconds=0.041,
+        forward_seconds=0.018,
+        backward_seconds=0.036,
+        optimizer_seconds=0.002,
+        num_workers=2,
+        fetch_seconds_per_batch={0: 0.300, 2: 0.150},
+    )
     diagnosis = diagnose(evidence)
     assert diagnosis.bottleneck == "data_loading"
     data = diagnosis.recommendations[0]
@@ -94,24 +119,37 @@ def test_workers_are_suggested_from_measured_fetch_time_and_capped_at_the_cpus()
     assert "data wait is 41% of step time: raise data.num_workers from 2 to 6" in data.text
     assert "measured fetch 300.0 ms/batch" in data.text
     assert "1.7× faster" in data.expected  # 100 ms → 59 ms
-    capped = diagnose(_compute_heavy(
-        data_wait_seconds=0.041, num_workers=2, cpus=4, fetch_seconds_per_batch={0: 0.300}
-    )).recommendations[0]
+    capped = diagnose(
+        _compute_heavy(
+            data_wait_seconds=0.041, num_workers=2, cpus=4, fetch_seconds_per_batch={0: 0.300}
+        )
+    ).recommendations[0]
     assert "to 3" in capped.text and "capped at 3 of 4 CPUs" in capped.text
 
 
 def test_workers_already_at_the_cpu_limit_make_items_cheaper_instead() -> None:
-    evidence = _compute_heavy(data_wait_seconds=0.050, forward_seconds=0.015,
-                              backward_seconds=0.030, num_workers=3, cpus=4)
+    evidence = _compute_heavy(
+        data_wait_seconds=0.050,
+        forward_seconds=0.015,
+        backward_seconds=0.030,
+        num_workers=3,
+        cpus=4,
+    )
     text = diagnose(evidence).recommendations[0].text
     assert "already at the CPU limit" in text and "cache decoded samples" in text
 
 
 def test_recommendations_go_data_then_memory_then_compute_with_numbers() -> None:
     evidence = _compute_heavy(
-        data_wait_seconds=0.015, precision="fp32", tf32=True, bf16_speedup=2.0,
-        num_workers=1, fetch_seconds_per_batch={0: 0.120},
-        peak_memory_bytes=76 * GIB, device_memory_bytes=80 * GIB, activation_bytes=40 * GIB,
+        data_wait_seconds=0.015,
+        precision="fp32",
+        tf32=True,
+        bf16_speedup=2.0,
+        num_workers=1,
+        fetch_seconds_per_batch={0: 0.120},
+        peak_memory_bytes=76 * GIB,
+        device_memory_bytes=80 * GIB,
+        activation_bytes=40 * GIB,
     )
     recommendations = diagnose(evidence).recommendations
     areas = [r.area for r in recommendations]
@@ -128,22 +166,27 @@ def test_recommendations_go_data_then_memory_then_compute_with_numbers() -> None
 
 
 def test_checkpointing_with_memory_to_spare_is_worth_turning_off() -> None:
-    evidence = _compute_heavy(activation_checkpointing="every_other",
-                              peak_memory_bytes=20 * GIB, device_memory_bytes=80 * GIB)
+    evidence = _compute_heavy(
+        activation_checkpointing="every_other",
+        peak_memory_bytes=20 * GIB,
+        device_memory_bytes=80 * GIB,
+    )
     recommendation = next(r for r in diagnose(evidence).recommendations if r.area == "memory")
     assert "turn it off" in recommendation.text and "15%" in recommendation.expected
 
 
 def test_checkpoint_saves_that_stall_the_step_are_reported() -> None:
-    evidence = _compute_heavy(forward_seconds=0.025, backward_seconds=0.055,
-                              checkpoint_seconds=0.010)
+    evidence = _compute_heavy(
+        forward_seconds=0.025, backward_seconds=0.055, checkpoint_seconds=0.010
+    )
     recommendation = diagnose(evidence).recommendations[0]
     assert recommendation.area == "data" and "checkpoint saves stall 10%" in recommendation.text
 
 
 def test_report_is_json_with_the_required_keys_and_a_breakdown_summing_to_one() -> None:
-    evidence = _compute_heavy(fetch_seconds_per_batch={0: 0.1, 4: 0.03}, gpu_util_mean=80.0,
-                              gpu_util_std=30.0)
+    evidence = _compute_heavy(
+        fetch_seconds_per_batch={0: 0.1, 4: 0.03}, gpu_util_mean=80.0, gpu_util_std=30.0
+    )
     report = json.loads(json.dumps(diagnose(evidence).to_dict()))
     assert {"bottleneck", "evidence", "recommendations", "breakdown", "mfu"} <= set(report)
     assert report["bottleneck"] in BOTTLENECKS

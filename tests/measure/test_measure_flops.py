@@ -65,10 +65,12 @@ def test_transformer_estimate_is_six_n_plus_twelve_l_h_t() -> None:
 def test_activation_bytes_shrink_under_activation_checkpointing() -> None:
     def blocks() -> nn.Sequential:
         torch.manual_seed(0)
-        return nn.Sequential(*(
-            nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU())
-            for _ in range(6)
-        ))
+        return nn.Sequential(
+            *(
+                nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU())
+                for _ in range(6)
+            )
+        )
 
     x = torch.randn(32, 64)
     plain, checkpointed = blocks(), blocks()

@@ -23,7 +23,10 @@ def test_a_dataset_whose_items_take_long_to_produce_is_data_loading() -> None:
     data = SlowItems(n=128, width=16, ms=3.0)  # 8 items: ~24 ms a batch; compute: ~1 ms
     fetch = measure_fetch_time(data, LoaderSettings(batch_size=8), batches=3)
     evidence = profile_on_cpu(
-        nn.Sequential(nn.Linear(16, 16)), data, batch_size=8, steps=4,
+        nn.Sequential(nn.Linear(16, 16)),
+        data,
+        batch_size=8,
+        steps=4,
         fetch_seconds_per_batch={0: fetch},
     )
     diagnosis = diagnose(evidence)
@@ -45,7 +48,9 @@ def test_a_model_of_many_tiny_ops_is_overhead_bound() -> None:
 
 def test_a_compute_heavy_model_is_compute_bound() -> None:
     evidence = profile_on_cpu(
-        compute_heavy_model(width=1024, depth=4), random_rows(256 * 6, 1024), batch_size=256,
+        compute_heavy_model(width=1024, depth=4),
+        random_rows(256 * 6, 1024),
+        batch_size=256,
         steps=4,
     )
     diagnosis = diagnose(evidence)

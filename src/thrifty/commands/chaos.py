@@ -72,22 +72,49 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "interrupted run failed to resume), 2 bad input.",
     )
     chaos.add_argument("config", metavar="CONFIG.toml")
-    chaos.add_argument("--kills", type=int, default=DEFAULT_KILLS, metavar="K",
-                       help=f"how many times to SIGKILL the job (default {DEFAULT_KILLS})")
-    chaos.add_argument("--every", type=int, default=DEFAULT_EVERY, metavar="N",
-                       help=f"checkpoint every N steps in both runs (default {DEFAULT_EVERY})")
-    chaos.add_argument("--seed", type=int, default=0, metavar="S",
-                       help="seed for choosing the kill moments (default 0)")
+    chaos.add_argument(
+        "--kills",
+        type=int,
+        default=DEFAULT_KILLS,
+        metavar="K",
+        help=f"how many times to SIGKILL the job (default {DEFAULT_KILLS})",
+    )
+    chaos.add_argument(
+        "--every",
+        type=int,
+        default=DEFAULT_EVERY,
+        metavar="N",
+        help=f"checkpoint every N steps in both runs (default {DEFAULT_EVERY})",
+    )
+    chaos.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="S",
+        help="seed for choosing the kill moments (default 0)",
+    )
     chaos.add_argument("--steps", type=int, metavar="N", help="optimizer steps (run.max_steps)")
-    chaos.add_argument("--set", dest="overrides", action="append", default=[],
-                       metavar="SECTION.KEY=VALUE", help=HELP_SET)
-    chaos.add_argument("--out", metavar="DIR",
-                       help="where both runs go (default runs/chaos-<run.name>)")
-    chaos.add_argument("--overwrite", action="store_true",
-                       help="replace the runs of an earlier chaos in --out")
-    chaos.add_argument("--timeout", type=float, metavar="SECONDS",
-                       help="the longest one training process may run (default: 1 h for the "
-                       "reference run; 3 × its wall time + 60 s for each resumed attempt)")
+    chaos.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help=HELP_SET,
+    )
+    chaos.add_argument(
+        "--out", metavar="DIR", help="where both runs go (default runs/chaos-<run.name>)"
+    )
+    chaos.add_argument(
+        "--overwrite", action="store_true", help="replace the runs of an earlier chaos in --out"
+    )
+    chaos.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="the longest one training process may run (default: 1 h for the "
+        "reference run; 3 × its wall time + 60 s for each resumed attempt)",
+    )
     chaos.add_argument("--json", action="store_true", help="print the report as JSON")
     chaos.set_defaults(handler=run_chaos)
 
@@ -199,7 +226,7 @@ class Attempt:
             if common == len(lines):
                 return  # nothing of its own yet
             self._start = self._parsed = common
-        for line in lines[self._parsed:]:
+        for line in lines[self._parsed :]:
             try:
                 record = json.loads(line)
             except ValueError:
@@ -250,7 +277,7 @@ class Folders:
 def _step_of(name: str) -> int | None:
     if not name.startswith(STEP_PREFIX):
         return None
-    digits = name[len(STEP_PREFIX):]
+    digits = name[len(STEP_PREFIX) :]
     return int(digits) if digits.isdigit() else None
 
 
@@ -304,8 +331,12 @@ class Job:
         self.started = time.monotonic()
         try:
             self.proc = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=self._file, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True,
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=self._file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
             )
         except OSError as exc:
             self._file.close()
@@ -509,8 +540,18 @@ def _run(
     for kill in kills:
         attempt += 1
         job = jobs.start(config_path, chaos_dir, out / f"chaos-{attempt}.log", f"attempt {attempt}")
-        code = _drive(job, kill, metrics, before, folders, chaos_dir / "checkpoints",
-                      args.every, step_seconds, rng, timeout)
+        code = _drive(
+            job,
+            kill,
+            metrics,
+            before,
+            folders,
+            chaos_dir / "checkpoints",
+            args.every,
+            step_seconds,
+            rng,
+            timeout,
+        )
         metrics.update()
         seen = Attempt(before)
         seen.update(metrics.lines)
@@ -525,10 +566,14 @@ def _run(
                 finished_early = kill.number
             break
         kill.reached = reached
-        kill.torn_saves, kill.cut_deletions = left_behind(chaos_dir / "checkpoints", job.started_wall)
+        kill.torn_saves, kill.cut_deletions = left_behind(
+            chaos_dir / "checkpoints", job.started_wall
+        )
         torn = f", tore the save of step {kill.torn_saves[-1]}" if kill.torn_saves else ""
-        _say(f"kill {kill.number}/{len(kills)}: SIGKILL after {kill.moment:.2f} s at step "
-             f"{reached}{torn}")
+        _say(
+            f"kill {kill.number}/{len(kills)}: SIGKILL after {kill.moment:.2f} s at step "
+            f"{reached}{torn}"
+        )
     else:
         attempt += 1
         job = jobs.start(config_path, chaos_dir, out / f"chaos-{attempt}.log", f"attempt {attempt}")
@@ -550,8 +595,11 @@ def _run(
         "every": args.every,
         "seed": args.seed,
         "not_used": dropped,
-        "reference": {"steps": last_step, "wall_seconds": round(ref_wall, 3),
-                      "median_step_seconds": step_seconds},
+        "reference": {
+            "steps": last_step,
+            "wall_seconds": round(ref_wall, 3),
+            "median_step_seconds": step_seconds,
+        },
         "kills": [asdict(k) for k in done],
         "finished_before_kill": finished_early,
         "failure": failure,
@@ -587,8 +635,16 @@ def _set_resumed(kill: Kill, resumed: int | None) -> None:
 
 
 def _drive(
-    job: Job, kill: Kill, metrics: MetricsTail, before: list[bytes], folders: Folders,
-    ckpt_dir: Path, every: int, step_seconds: float, rng: random.Random, timeout: float,
+    job: Job,
+    kill: Kill,
+    metrics: MetricsTail,
+    before: list[bytes],
+    folders: Folders,
+    ckpt_dir: Path,
+    every: int,
+    step_seconds: float,
+    rng: random.Random,
+    timeout: float,
 ) -> int | None:
     """Wait for the kill's moment and SIGKILL the job; the job's exit code if it ended first."""
     name = f"{STEP_PREFIX}{kill.target:08d}"
@@ -650,8 +706,12 @@ def compare_states(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, dict
             continue
         differs: list[str] = []
         count = _compare(a.get(key, _MISSING), b.get(key, _MISSING), key, differs)
-        sections[key] = {"compared": count, "identical": not differs, "differs": differs[:10],
-                         "differ_count": len(differs)}
+        sections[key] = {
+            "compared": count,
+            "identical": not differs,
+            "differs": differs[:10],
+            "differ_count": len(differs),
+        }
     return sections
 
 
@@ -665,8 +725,10 @@ def _compare(a: Any, b: Any, where: str, differs: list[str]) -> int:
     if where in IGNORED:
         return 0
     if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return sum(_compare(a.get(k, _MISSING), b.get(k, _MISSING), f"{where}.{k}", differs)
-                   for k in sorted(set(a) | set(b), key=str))
+        return sum(
+            _compare(a.get(k, _MISSING), b.get(k, _MISSING), f"{where}.{k}", differs)
+            for k in sorted(set(a) | set(b), key=str)
+        )
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
         pairs = enumerate(zip(a, b, strict=True))
         return sum(_compare(x, y, f"{where}[{i}]", differs) for i, (x, y) in pairs)
@@ -698,7 +760,9 @@ def _same_bits(a: Any, b: Any) -> bool:
 
 
 def _compare_runs(
-    ref_dir: Path, chaos_dir: Path, ref_records: list[dict[str, Any]],
+    ref_dir: Path,
+    chaos_dir: Path,
+    ref_records: list[dict[str, Any]],
     chaos_records: list[dict[str, Any]],
 ) -> dict[str, Any]:
     ref_step, ref_state = _final_state(ref_dir)
@@ -734,8 +798,15 @@ def _print_report(report: Mapping[str, Any]) -> None:
         f"{report['every']} steps; --seed {report['seed']}"
     )
     table = Table(title=f"thrifty chaos: {len(report['kills'])} of {report['kills_planned']} kills")
-    for name in ("kill", "aimed at", "killed after", "last step logged", "resumed from",
-                 "steps lost", "cut short"):
+    for name in (
+        "kill",
+        "aimed at",
+        "killed after",
+        "last step logged",
+        "resumed from",
+        "steps lost",
+        "cut short",
+    ):
         text = name in ("aimed at", "cut short")
         table.add_column(name, justify="left" if text else "right", overflow="fold")
     for k in report["kills"]:
@@ -743,8 +814,12 @@ def _print_report(report: Mapping[str, Any]) -> None:
         if k["resumed"] is None and not report["failure"]:
             resumed = "[bold red]started over[/]"
         table.add_row(
-            str(k["number"]), f"{k['kind']} {k['target']}", f"{k['moment']:.2f} s",
-            _dash(k["reached"]), resumed, _dash(k["steps_lost"]),
+            str(k["number"]),
+            f"{k['kind']} {k['target']}",
+            f"{k['moment']:.2f} s",
+            _dash(k["reached"]),
+            resumed,
+            _dash(k["steps_lost"]),
             _cut_short(k),
         )
     console.print(table)
@@ -753,11 +828,14 @@ def _print_report(report: Mapping[str, Any]) -> None:
     if "state" in report:
         steps = report["final_step"]
         if steps["reference"] != steps["chaos"]:
-            console.print(f"final checkpoint: [bold red]step {steps['chaos']}[/], the reference "
-                          f"ends at step {steps['reference']}")
+            console.print(
+                f"final checkpoint: [bold red]step {steps['chaos']}[/], the reference "
+                f"ends at step {steps['reference']}"
+            )
         first = report["first_loss_difference"]
         console.print(
-            f"loss at every step: identical ({report['losses_compared']} steps)" if first is None
+            f"loss at every step: identical ({report['losses_compared']} steps)"
+            if first is None
             else f"loss at every step: [bold red]differs[/], first at step {first}"
         )
         if report["diverged_before_first_resume"]:
@@ -767,9 +845,13 @@ def _print_report(report: Mapping[str, Any]) -> None:
                 "set-up outside run.seed, or nondeterministic ops)"
             )
         rest = {k: v for k, v in report["state"].items() if k != "model"}
-        differ = [f"{k} ({', '.join(v['differs'][:3])}"
-                  + (f" and {v['differ_count'] - 3} more" if v["differ_count"] > 3 else "") + ")"
-                  for k, v in rest.items() if not v["identical"]]
+        differ = [
+            f"{k} ({', '.join(v['differs'][:3])}"
+            + (f" and {v['differ_count'] - 3} more" if v["differ_count"] > 3 else "")
+            + ")"
+            for k, v in rest.items()
+            if not v["identical"]
+        ]
         console.print(
             f"rest of the training state ({', '.join(rest)}): "
             + ("identical" if not differ else f"[bold red]differs[/] in {'; '.join(differ)}")
@@ -783,8 +865,10 @@ def _print_report(report: Mapping[str, Any]) -> None:
         console.print(f"[bold red]failed:[/] {report['failure']}")
     tensors = report.get("state", {}).get("model", {}).get("compared")
     verdict = "[bold green]yes[/]" if report["weights_match"] else "[bold red]no[/]"
-    console.print(f"final weights match bit for bit: {verdict}"
-                  + (f" ({tensors} tensors)" if report["weights_match"] and tensors else ""))
+    console.print(
+        f"final weights match bit for bit: {verdict}"
+        + (f" ({tensors} tensors)" if report["weights_match"] and tensors else "")
+    )
 
 
 def _cut_short(kill: Mapping[str, Any]) -> str:

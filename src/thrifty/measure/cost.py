@@ -58,7 +58,8 @@ class CostConfig:
     def __post_init__(self) -> None:
         if self.instance is not None and self.usd_per_gpu_hour is not None:
             _fail(
-                "usd_per_gpu_hour", self.usd_per_gpu_hour,
+                "usd_per_gpu_hour",
+                self.usd_per_gpu_hour,
                 f"give cost.instance ({self.instance!r}) or cost.usd_per_gpu_hour, not both",
             )
         if self.instance is not None and not _is_text(self.instance):
@@ -75,7 +76,8 @@ class CostConfig:
             self.usd_per_gpu_hour is None or self.pricing != "spot"
         ):
             _fail(
-                "on_demand_usd_per_gpu_hour", self.on_demand_usd_per_gpu_hour,
+                "on_demand_usd_per_gpu_hour",
+                self.on_demand_usd_per_gpu_hour,
                 "only compares with a spot price: set cost.usd_per_gpu_hour and "
                 "cost.pricing = 'spot' (an instance's on-demand price comes from the catalog)",
             )
@@ -221,10 +223,14 @@ class CostMeter:
         on_demand_usd_per_gpu_hour: float | None = None,
     ) -> CostMeter:
         """A meter for `gpus` GPUs at `usd_per_gpu_hour` each (validated like `cost.*`)."""
-        return cls.from_config(CostConfig(
-            usd_per_gpu_hour=usd_per_gpu_hour, gpus=gpus, pricing=pricing,
-            on_demand_usd_per_gpu_hour=on_demand_usd_per_gpu_hour,
-        ))
+        return cls.from_config(
+            CostConfig(
+                usd_per_gpu_hour=usd_per_gpu_hour,
+                gpus=gpus,
+                pricing=pricing,
+                on_demand_usd_per_gpu_hour=on_demand_usd_per_gpu_hour,
+            )
+        )
 
     @classmethod
     def from_instance(

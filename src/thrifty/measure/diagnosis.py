@@ -44,14 +44,24 @@ from thrifty.measure.evidence import us as _us
 from thrifty.measure.recommendations import Recommendation, recommend
 
 __all__ = [
-    "BOTTLENECKS", "PHASES", "Bottleneck", "Diagnosis", "Evidence", "Recommendation", "diagnose",
+    "BOTTLENECKS",
+    "PHASES",
+    "Bottleneck",
+    "Diagnosis",
+    "Evidence",
+    "Recommendation",
+    "diagnose",
 ]
 
 Bottleneck = Literal[
     "data_loading", "host_to_device", "memory_bound", "compute_bound", "overhead_bound"
 ]
 BOTTLENECKS: tuple[str, ...] = (
-    "data_loading", "host_to_device", "memory_bound", "compute_bound", "overhead_bound"
+    "data_loading",
+    "host_to_device",
+    "memory_bound",
+    "compute_bound",
+    "overhead_bound",
 )
 
 # Thresholds (fractions of step time unless said); the module docstring says why each.
@@ -118,10 +128,13 @@ def _classify(e: Evidence, shares: dict[str, float]) -> tuple[Bottleneck, str]:
     if shares["host_to_device"] >= HOST_TO_DEVICE_SHARE:
         waits.append((shares["host_to_device"], "host_to_device", "copying batches to the device"))
     if shares["other"] >= OTHER_SHARE:
-        waits.append((
-            shares["other"], "overhead_bound",
-            "outside data, copies and compute (Python in the loop, host syncs, logging)",
-        ))
+        waits.append(
+            (
+                shares["other"],
+                "overhead_bound",
+                "outside data, copies and compute (Python in the loop, host syncs, logging)",
+            )
+        )
     if waits:
         share, bottleneck, what = max(waits, key=lambda w: w[0])
         return bottleneck, f"{_pct(share)} of step time is spent {what}"
@@ -141,7 +154,8 @@ def _classify(e: Evidence, shares: dict[str, float]) -> tuple[Bottleneck, str]:
             "overhead, not arithmetic, sets the step time"
         )
     idle_gpu = (
-        e.device_type == "cuda" and e.gpu_util_mean is not None
+        e.device_type == "cuda"
+        and e.gpu_util_mean is not None
         and e.gpu_util_mean < LOW_GPU_UTIL_PERCENT
     )
     if idle_gpu:
@@ -187,15 +201,17 @@ def _facts(e: Evidence, shares: dict[str, float]) -> list[str]:
         )
         facts.append(f"measured fetch time per batch — {measured}")
     if e.num_workers is not None:
-        facts.append(
-            f"num_workers = {e.num_workers}" + (f" of {e.cpus} CPUs" if e.cpus else "")
-        )
+        facts.append(f"num_workers = {e.num_workers}" + (f" of {e.cpus} CPUs" if e.cpus else ""))
     tf32 = e.tf32 and e.precision == "fp32"
     facts.append(
-        f"precision {e.precision}" + (" (TF32 matmuls allowed)" if tf32 else "")
+        f"precision {e.precision}"
+        + (" (TF32 matmuls allowed)" if tf32 else "")
         + ("; the hardware runs bf16 natively" if e.native_bf16 else "")
-        + (f"; activation checkpointing {e.activation_checkpointing}"
-           if e.activation_checkpointing != "off" else "")
+        + (
+            f"; activation checkpointing {e.activation_checkpointing}"
+            if e.activation_checkpointing != "off"
+            else ""
+        )
         + ("; compiled" if e.compiled else "")
     )
     fraction = e.memory_fraction
@@ -205,7 +221,8 @@ def _facts(e: Evidence, shares: dict[str, float]) -> list[str]:
             f"({_pct(fraction)})"
         )
     for label, mean, std in (
-        ("GPU", e.gpu_util_mean, e.gpu_util_std), ("CPU", e.cpu_util_mean, e.cpu_util_std)
+        ("GPU", e.gpu_util_mean, e.gpu_util_std),
+        ("CPU", e.cpu_util_mean, e.cpu_util_std),
     ):
         if mean is None:
             continue

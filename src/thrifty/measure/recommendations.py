@@ -90,7 +90,8 @@ def _more_workers(e: Evidence, shares: dict[str, float]) -> Recommendation | Non
         )
     need = max(1, math.ceil(produce / per_batch))
     keeps_up = [
-        n for n, s in (e.fetch_seconds_per_batch or {}).items()
+        n
+        for n, s in (e.fetch_seconds_per_batch or {}).items()
         if s <= per_batch and n > (e.num_workers or 0)
     ]
     if keeps_up:  # a measured count beats the proportional estimate
