@@ -11,8 +11,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+# Each `make demo` is a new run directory, so running it again never meets a finished run.
 demo: $(STAMP)
-	$(PY) -m thrifty demo $(ARGS)
+	$(PY) -m thrifty demo --out runs/demo-$$(date +%Y%m%d-%H%M%S) $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples

@@ -234,3 +234,68 @@ def test_an_attempt_killed_before_its_first_checkpoint_starts_over_with_a_warnin
     assert result.steps == 3
     assert "ended before its first save" in caplog.text
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r] == [1, 2, 3]
+
+
+def test_sigterm_to_thrifty_train_saves_and_exits_75_then_the_same_command_resumes(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    config = tmp_path / "job.toml"
+    config.write_text(
+        '[run]\nmax_steps = 400\nlog_every = 1\nprogress = "off"\n'
+        '[batch]\nmicro = 4\n[data]\nnum_workers = 0\n[schedule]\ndecay = "constant"\n'
+        '[checkpoint]\nevery = "off"\n[spot]\nprovider = "none"\n'
+        '[task]\nmodel = "thrifty.demo:build_model"\ntrain_data = "thrifty.demo:train_dataset"\n'
+        "model_args = { n_layer = 2, n_head = 2, n_embd = 32, block_size = 32 }\n"
+        "data_args = { block_size = 32, max_bytes = 100000 }\n"
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "thrifty",
+        "train",
+        str(config),
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+    )
+    try:
+        metrics = tmp_path / "run" / "metrics.jsonl"
+        deadline = time.monotonic() + 90
+        while not (metrics.exists() and metrics.read_text().count('"loss"') >= 3):
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                proc.stderr.read() if proc.poll() else "timeout"
+            )
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 75, err
+    assert "received SIGTERM: saving an emergency checkpoint" in err
+    assert "preempted at step" in out
+    saved = [p.parent.name for p in (tmp_path / "run" / "checkpoints").glob("step-*/manifest.json")]
+    assert len(saved) == 1
+    step = int(saved[0].split("-")[1])
+    again = subprocess.run(
+        command + ["--steps", str(step + 2)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert again.returncode == 0, again.stderr
+    assert f"resumed from step {step}" in again.stderr
+
+
+def test_auto_interval_is_dalys_for_the_measured_stall():
+    from thrifty.plan.spot import daly_interval
+    from thrifty.spot import auto_interval
+
+    tau, text = auto_interval(stall_seconds=2.0, save_seconds=5.0, interruption_rate=0.5)
+    assert tau == pytest.approx(daly_interval(2.0, 7200.0))  # MTBI of 0.5/h = 2 h
+    assert "Daly" in text and "expected overhead" in text
+    # Never shorter than one full save: at most one save in flight.
+    tau, _ = auto_interval(stall_seconds=0.001, save_seconds=600.0, interruption_rate=10.0)
+    assert tau == 600.0

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from thrifty.commands.training import HELP_SET
+from thrifty.commands.training import add_set_option
 from thrifty.errors import ThriftyError
 
 EXIT_MATCH = 0
@@ -94,14 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="seed for choosing the kill moments (default 0)",
     )
     chaos.add_argument("--steps", type=int, metavar="N", help="optimizer steps (run.max_steps)")
-    chaos.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help=HELP_SET,
-    )
+    add_set_option(chaos)
     chaos.add_argument(
         "--out", metavar="DIR", help="where both runs go (default runs/chaos-<run.name>)"
     )

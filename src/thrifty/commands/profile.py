@@ -6,7 +6,7 @@ import argparse
 import json
 import tempfile
 
-from thrifty.commands.training import HELP_SET
+from thrifty.commands.training import add_set_option
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,14 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="X",
         help="the device's peak TFLOP/s (for an unknown GPU)",
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help=HELP_SET,
-    )
+    add_set_option(parser)
     parser.set_defaults(handler=run_profile)
 
 

@@ -8,7 +8,8 @@ from typing import Any
 HELP_SET = "override a config value, e.g. --set batch.micro=8 (repeatable)"
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def add_set_option(parser: argparse.ArgumentParser) -> None:
+    """The repeatable `--set section.key=value` every training command takes."""
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -17,7 +18,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
         metavar="SECTION.KEY=VALUE",
         help=HELP_SET,
     )
-    parser.add_argument("--out", metavar="DIR", help="run directory (default: runs/<name>-<time>)")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    add_set_option(parser)
+    parser.add_argument("--out", metavar="DIR", help="run directory (default: runs/<run.name>)")
     parser.add_argument(
         "--steps", type=int, metavar="N", help="optimizer steps to run (run.max_steps)"
     )

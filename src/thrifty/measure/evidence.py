@@ -20,8 +20,8 @@ COMPUTE_PHASES = ("forward", "backward", "optimizer")
 class Evidence:
     """Measured facts about a training job. Seconds are means per optimizer step.
 
-    Phase seconds must be measured with the device synchronized at phase boundaries (on a GPU
-    kernels run asynchronously; without a sync each phase shows only its launch time).
+    Phase seconds must be device time: on a GPU kernels run asynchronously, so host timers show
+    only launch time — use CUDA events at the phase boundaries (as the Trainer does) or sync.
     `other_seconds` None means the step time the other phases do not account for.
     """
 
