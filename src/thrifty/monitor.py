@@ -7,13 +7,13 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from thrifty.instrument import NullTimer
 from thrifty.measure.evidence import PHASES
+from thrifty.measure.peak import Peak
 from thrifty.progress import ProgressBar
 from thrifty.rundir import MetricsLog
 
@@ -48,12 +48,6 @@ class ThroughputMeter:
         return self.samples / self.seconds if self.seconds else 0.0
 
 
-@dataclass
-class Peak:
-    flops_per_second: float
-    source: str
-
-
 class RunMonitor:
     """Buffers step records and writes them every `log_every` steps; keeps the aggregates the
     summary and the diagnosis need."""
@@ -66,7 +60,7 @@ class RunMonitor:
         *,
         exclude_steps: int,
         flops_per_step: float | None,
-        peak: Peak | None,
+        peak: Peak | None,  # thrifty.measure.peak.Peak
         sampler: Any = None,
         cost: Any = None,
         budget_fraction: Any = None,

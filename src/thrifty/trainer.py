@@ -33,7 +33,7 @@ from thrifty.loading import (
     build_loader,
     choose_num_workers,
 )
-from thrifty.monitor import Peak, RunMonitor
+from thrifty.monitor import RunMonitor
 from thrifty.precision import Precision, native_bf16, resolve_precision
 from thrifty.progress import ProgressBar
 from thrifty.rng import rng_state, set_rng_state
@@ -217,7 +217,7 @@ class Trainer:
             return None
         return count
 
-    def _peak(self) -> Peak | None:
+    def _peak(self) -> Any:
         from thrifty.measure.peak import peak_flops
 
         tf32 = self.device.type == "cuda" and self.config.precision.allow_tf32
@@ -232,7 +232,7 @@ class Trainer:
         except ThriftyError as exc:
             log.warning("%s; MFU will not be reported", exc)
             return None
-        return Peak(peak.flops_per_second, peak.source)
+        return peak
 
     def _monitor(self, budget: Budget) -> RunMonitor:
         cfg = self.config
