@@ -236,20 +236,43 @@ def test_an_attempt_killed_before_its_first_checkpoint_starts_over_with_a_warnin
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r] == [1, 2, 3]
 
 
-def test_sigterm_to_thrifty_train_saves_and_exits_75_then_the_same_command_resumes(tmp_path):
-    import subprocess
-    import sys
-    import time
-
+def tiny_job(tmp_path, max_steps: int = 400):
+    """A TOML job training a tiny demo GPT, for the command-line tests."""
     config = tmp_path / "job.toml"
     config.write_text(
-        '[run]\nmax_steps = 400\nlog_every = 1\nprogress = "off"\n'
+        f'[run]\nmax_steps = {max_steps}\nlog_every = 1\nprogress = "off"\n'
         '[batch]\nmicro = 4\n[data]\nnum_workers = 0\n[schedule]\ndecay = "constant"\n'
         '[checkpoint]\nevery = "off"\n[spot]\nprovider = "none"\n'
         '[task]\nmodel = "thrifty.demo:build_model"\ntrain_data = "thrifty.demo:train_dataset"\n'
         "model_args = { n_layer = 2, n_head = 2, n_embd = 32, block_size = 32 }\n"
         "data_args = { block_size = 32, max_bytes = 100000 }\n"
     )
+    return config
+
+
+def test_resume_option_on_the_command_line(tmp_path, capsys):
+    from thrifty.cli import main
+
+    config = tiny_job(tmp_path, max_steps=3)
+    out = str(tmp_path / "run")
+    assert main(["train", str(config), "--out", out]) == 0
+    (tmp_path / "run" / "summary.json").unlink()  # as if it had been stopped
+    capsys.readouterr()
+    assert main(["train", str(config), "--out", out, "--resume", "never"]) == 2
+    assert "holds checkpoints and checkpoint.resume = never" in capsys.readouterr().err
+    bad = tmp_path / "nowhere" / "step-00000009"
+    assert main(["train", str(config), "--out", out, "--resume", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("thrifty: error: ") and "nowhere" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_sigterm_to_thrifty_train_saves_and_exits_75_then_the_same_command_resumes(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    config = tiny_job(tmp_path)
     command = [
         sys.executable,
         "-m",

@@ -30,6 +30,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--overwrite", action="store_true", help="start over in a run directory that holds a run"
     )
     parser.add_argument(
+        "--resume",
+        metavar="WHERE",
+        help="auto (default: the newest valid checkpoint), never, or a checkpoint's path or URL "
+        "(checkpoint.resume)",
+    )
+    parser.add_argument(
         "--trace", metavar="DIR", help="write a torch.profiler trace of a few steps to DIR"
     )
     parser.add_argument(
@@ -70,6 +76,8 @@ def _overrides(args: argparse.Namespace) -> list[tuple[str, Any]]:
         pairs.append(("run.out", args.out))
     if args.overwrite:
         pairs.append(("run.overwrite", True))
+    if args.resume is not None:
+        pairs.append(("checkpoint.resume", args.resume))
     if args.trace is not None:
         pairs.append(("measure.trace", args.trace))
     if args.peak_tflops is not None:
