@@ -213,3 +213,44 @@ def test_profile_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     code = main(argv)
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_gpu_utilization_samples_reach_the_diagnosis(tmp_path):
+    from thrifty.instrument import CpuTimer
+    from thrifty.monitor import RunMonitor
+    from thrifty.progress import ProgressBar
+    from thrifty.rundir import MetricsLog
+
+    class FakeSampler:
+        def summary_and_reset(self):
+            return {"gpu_util_percent_mean": 35.0, "gpu_util_percent_std": 40.0}
+
+        def stop(self):
+            pass
+
+    timer = CpuTimer()
+    monitor = RunMonitor(
+        MetricsLog(tmp_path / "m.jsonl"),
+        ProgressBar(None, "off"),
+        timer,
+        exclude_steps=0,
+        flops_per_step=None,
+        peak=None,
+        sampler=FakeSampler(),
+    )
+    for step in (1, 2):
+        timer.start()
+        timer.mark("forward")
+        record = {
+            "step": step,
+            "loss": torch.tensor(1.0),
+            "grad_norm": None,
+            "step_seconds": 0.01,
+            "samples_in_step": 4,
+            "tokens_in_step": 0,
+        }
+        monitor.add(record, timer.finish())
+    monitor.flush(0.02, 8, 0)
+    diagnosis = monitor.diagnose(device_type="cuda")
+    monitor.close()
+    assert diagnosis.measured.gpu_util_mean == 35.0 and diagnosis.measured.gpu_util_std == 40.0

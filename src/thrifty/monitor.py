@@ -155,6 +155,31 @@ class RunMonitor:
         keys = {k for s in self.system for k in s}
         return {k: statistics.mean(s[k] for s in self.system if k in s) for k in sorted(keys)}
 
+    def diagnose(self, **context: Any) -> Any:
+        """The diagnosis (`thrifty.measure.diagnosis.diagnose`) of the steps measured so far;
+        `context` holds the run's static facts (device, precision, batch, workers...)."""
+        from thrifty.measure.diagnosis import diagnose
+        from thrifty.measure.evidence import Evidence
+
+        phases = self.mean_phases()
+        if phases is None:
+            return None
+        system = self.system_means()
+        evidence = Evidence(
+            step_seconds=statistics.mean(self.step_times),
+            steps=len(self.step_times),
+            **{f"{p}_seconds": v for p, v in phases.items() if p != "other"},
+            flops_per_step=self.flops_per_step,
+            mfu=self.mfu,
+            peak_source=self.peak.source if self.peak else None,
+            gpu_util_mean=system.get("gpu_util_percent_mean"),
+            gpu_util_std=system.get("gpu_util_percent_std"),
+            cpu_util_mean=system.get("cpu_percent_mean"),
+            cpu_util_std=system.get("cpu_percent_std"),
+            **context,
+        )
+        return diagnose(evidence)
+
     def close(self) -> None:
         if self.sampler is not None:
             self.sampler.stop()

@@ -13,13 +13,16 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thrifty.checkpoint import CheckpointInfo, CheckpointManager
 from thrifty.checkpoint.storage import is_remote, redact
 from thrifty.config import CheckpointConfig, SpotConfig, parse_duration
 from thrifty.errors import ThriftyError
 from thrifty.preemption import PreemptionWatcher
+
+if TYPE_CHECKING:
+    from torch import nn
 
 log = logging.getLogger("thrifty")
 
@@ -197,3 +200,34 @@ class SpotGuard:
             self.manager.close(timeout=30)
         except ThriftyError as exc:
             log.warning("checkpoint error while stopping: %s", exc)
+
+
+def check_compatible(model: nn.Module, state: dict[str, Any], effective_batch: int) -> None:
+    """Raise a one-line error saying what differs between a checkpoint and this run."""
+    fix = "resume with the config that wrote it, or start fresh with another --out"
+    saved = state["model"]
+    current = model.state_dict()
+    for key in sorted(set(saved) | set(current)):
+        if key not in current or key not in saved:
+            where = "only in the checkpoint" if key in saved else "only in this model"
+            raise ThriftyError(
+                f"the checkpoint is for another model: parameter {key} is {where}: {fix}"
+            )
+        if tuple(saved[key].shape) != tuple(current[key].shape):
+            raise ThriftyError(
+                f"the checkpoint is for another model: {key} is {tuple(saved[key].shape)} there and "
+                f"{tuple(current[key].shape)} here: {fix}"
+            )
+    if state["effective_batch"] != effective_batch:
+        raise ThriftyError(
+            f"the checkpoint was trained with an effective batch of {state['effective_batch']}, this "
+            f"run has {effective_batch}: resuming would change the optimization; {fix}"
+        )
+
+
+def remove_local_checkpoints(run_dir: Path, checkpoint: Any) -> None:
+    """--overwrite starts over: old checkpoints in the run directory must not be resumed later."""
+    import shutil
+
+    if checkpoint.location is None and (run_dir / "checkpoints").is_dir():
+        shutil.rmtree(run_dir / "checkpoints")

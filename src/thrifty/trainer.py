@@ -45,7 +45,7 @@ from thrifty.rundir import (
     write_json,
 )
 from thrifty.schedule import build_scheduler, scaled_lr
-from thrifty.spot import SpotGuard
+from thrifty.spot import SpotGuard, check_compatible, remove_local_checkpoints
 
 log = logging.getLogger("thrifty")
 
@@ -280,20 +280,11 @@ class Trainer:
             budget_fraction=fraction_done,
         )
 
-    def _diagnose(self, monitor: RunMonitor, result: FitResult) -> Any:
+    def _diagnose(self, monitor: RunMonitor) -> Any:
         """The bottleneck and what to do about it, from what this run measured."""
-        from thrifty.measure.diagnosis import diagnose
-        from thrifty.measure.evidence import Evidence
-
-        phases = monitor.mean_phases()
-        if phases is None or not monitor.step_times:
-            return None
-        system = monitor.system_means()
         cuda = self.device.type == "cuda"
-        evidence = Evidence(
-            step_seconds=sum(monitor.step_times) / len(monitor.step_times),
-            steps=len(monitor.step_times),
-            **{f"{p}_seconds": v for p, v in phases.items() if p != "other"},
+        flops = self.flops
+        diagnosis = monitor.diagnose(
             accumulation_steps=self.accumulation,
             micro_batch=self.config.batch.micro,
             num_workers=self.train_loader.num_workers,
@@ -308,22 +299,14 @@ class Trainer:
             native_bf16=native_bf16(self.device),
             compiled=self.config.compile.mode != "off",
             activation_checkpointing=str(self.config.activation_checkpointing.policy),
-            flops_per_step=monitor.flops_per_step,
-            aten_ops_per_step=self.flops.ops * self.accumulation if self.flops else None,
-            mfu=monitor.mfu,
-            peak_source=monitor.peak.source if monitor.peak else None,
+            aten_ops_per_step=flops.ops * self.accumulation if flops else None,
+            activation_bytes=float(flops.activation_bytes) if flops else None,
             peak_memory_bytes=float(torch.cuda.max_memory_allocated(self.device)) if cuda else None,
             device_memory_bytes=(
                 float(torch.cuda.get_device_properties(self.device).total_memory) if cuda else None
             ),
-            activation_bytes=float(self.flops.activation_bytes) if self.flops else None,
-            gpu_util_mean=system.get("gpu_util_mean"),
-            gpu_util_std=system.get("gpu_util_std"),
-            cpu_util_mean=system.get("cpu_percent_mean"),
-            cpu_util_std=system.get("cpu_percent_std"),
         )
-        diagnosis = diagnose(evidence)
-        if self.run_dir is not None:
+        if diagnosis is not None and self.run_dir is not None:
             write_json(self.run_dir / "diagnosis.json", diagnosis.to_dict())
         return diagnosis
 
@@ -558,7 +541,7 @@ class Trainer:
             breakdown=monitor.mean_phases(),
             cost=monitor.cost.summary().to_dict() if monitor.cost is not None else None,
         )
-        self.diagnosis = self._diagnose(monitor, result)
+        self.diagnosis = self._diagnose(monitor)
         if stop_reason != "preempted":  # summary.json marks a finished run
             self._write_summary(result)
         return result
@@ -635,7 +618,7 @@ class Trainer:
                 "choose another --out, or start over with --overwrite (run.overwrite = true)"
             )
         if ref is None and r.overwrite:
-            _remove_local_checkpoints(run_dir, c)
+            remove_local_checkpoints(run_dir, c)
         restart = False
         if ref is None and c.resume == "auto" and (run_dir / "metrics.jsonl").exists():
             # An attempt that died before its first checkpoint: nothing to resume, nothing lost
@@ -705,34 +688,3 @@ class Trainer:
                 str(k): v for k, v in self.worker_choice.seconds_per_batch.items()
             }
         write_json(self.run_dir / "summary.json", summary)
-
-
-def check_compatible(model: nn.Module, state: dict[str, Any], effective_batch: int) -> None:
-    """Raise a one-line error saying what differs between a checkpoint and this run."""
-    fix = "resume with the config that wrote it, or start fresh with another --out"
-    saved = state["model"]
-    current = model.state_dict()
-    for key in sorted(set(saved) | set(current)):
-        if key not in current or key not in saved:
-            where = "only in the checkpoint" if key in saved else "only in this model"
-            raise ThriftyError(
-                f"the checkpoint is for another model: parameter {key} is {where}: {fix}"
-            )
-        if tuple(saved[key].shape) != tuple(current[key].shape):
-            raise ThriftyError(
-                f"the checkpoint is for another model: {key} is {tuple(saved[key].shape)} there and "
-                f"{tuple(current[key].shape)} here: {fix}"
-            )
-    if state["effective_batch"] != effective_batch:
-        raise ThriftyError(
-            f"the checkpoint was trained with an effective batch of {state['effective_batch']}, this "
-            f"run has {effective_batch}: resuming would change the optimization; {fix}"
-        )
-
-
-def _remove_local_checkpoints(run_dir: Path, checkpoint: Any) -> None:
-    """--overwrite starts over: old checkpoints in the run directory must not be resumed later."""
-    import shutil
-
-    if checkpoint.location is None and (run_dir / "checkpoints").is_dir():
-        shutil.rmtree(run_dir / "checkpoints")
