@@ -36,6 +36,7 @@ _EXPORTS = {
     "choose_num_workers": "thrifty.loading",
     "build_loader": "thrifty.loading",
     "EpochSampler": "thrifty.loading",
+    "LoaderSettings": "thrifty.loading",
     "EarlyStopping": "thrifty.early_stopping",
     "ThriftyError": "thrifty.errors",
     "ConfigError": "thrifty.errors",
