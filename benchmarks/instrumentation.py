@@ -4,7 +4,7 @@ On: per-phase step timings, MFU, system sampling every 0.5 s and the cost meter.
 them. The two alternate round by round in one process; prints the median step time of each and
 their ratio (target ≤ 1.01).
 
-    python benchmarks/instrumentation.py [--rounds 6] [--steps 25]
+    python benchmarks/instrumentation.py [--rounds 16] [--steps 20]
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def direct_cost(accumulation: int = 2, repeats: int = 20_000) -> tuple[float, fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--rounds", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     data = train_dataset()
     on: list[float] = []
