@@ -1,7 +1,13 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# Never let `spot.provider = auto` find a cloud and poll its metadata server from a test (or from
+# the training processes tests start): only servers the tests start on loopback are reached.
+os.environ["THRIFTY_SPOT_PROVIDER"] = "none"
 
 
 @pytest.fixture(autouse=True)

@@ -322,3 +322,16 @@ def test_auto_interval_is_dalys_for_the_measured_stall():
     # Never shorter than one full save: at most one save in flight.
     tau, _ = auto_interval(stall_seconds=0.001, save_seconds=600.0, interruption_rate=10.0)
     assert tau == 600.0
+
+
+def test_thrifty_spot_provider_pins_what_auto_means(monkeypatch):
+    from thrifty.errors import ConfigError
+    from thrifty.preemption import make_poller
+
+    monkeypatch.setenv("THRIFTY_SPOT_PROVIDER", "gcp")
+    assert make_poller("auto", "http://127.0.0.1:9").name == "gcp"
+    monkeypatch.setenv("THRIFTY_SPOT_PROVIDER", "none")
+    assert make_poller("auto") is None
+    monkeypatch.setenv("THRIFTY_SPOT_PROVIDER", "oracle")
+    with pytest.raises(ConfigError, match="THRIFTY_SPOT_PROVIDER must be one of"):
+        make_poller("auto")

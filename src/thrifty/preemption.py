@@ -220,7 +220,12 @@ def make_poller(
     if poll_interval is not None and not poll_interval > 0:
         raise ConfigError(f"spot.poll_interval must be > 0 seconds, got {poll_interval!r}")
     if provider == "auto":
-        provider = detect_provider()
+        # THRIFTY_SPOT_PROVIDER pins what `auto` means on a machine (test suites set "none").
+        provider = os.environ.get("THRIFTY_SPOT_PROVIDER") or detect_provider()
+        if provider not in PROVIDERS or provider == "auto":
+            raise ConfigError(
+                f"THRIFTY_SPOT_PROVIDER must be one of aws, gcp, azure, none, got {provider!r}"
+            )
     if provider == "none":
         return None
     poller = _POLLERS[provider](base_url)
