@@ -58,27 +58,33 @@ def count_tokens(batch: Any) -> int:
     return 0
 
 
-def loss_weights(window: Sequence[Any], normalize: str) -> list[float]:
+def window_counts(window: Sequence[Any]) -> tuple[list[int], list[int]]:
+    """Samples and tokens of each micro-batch of a window, counted on the host."""
+    return [count_samples(b) for b in window], [count_tokens(b) for b in window]
+
+
+def loss_weights(
+    window: Sequence[Any], normalize: str, counts: tuple[list[int], list[int]] | None = None
+) -> list[float]:
     """Weights that turn per-micro-batch mean losses into the mean over the whole window.
 
     Each micro-batch's loss is a mean over its own samples (or tokens); weighting it by its
     share of the window's samples (tokens) makes the accumulated gradient equal the gradient
-    of one big batch, also when micro-batches hold uneven token counts.
+    of one big batch, also when micro-batches hold uneven token counts. `counts` are
+    `window_counts(window)` when the caller has them already.
     """
     use_tokens = normalize == "tokens" or (
         normalize == "auto" and all(isinstance(b, Mapping) and "loss_mask" in b for b in window)
     )
-    if use_tokens:
-        counts = [count_tokens(b) for b in window]
-    else:
-        counts = [count_samples(b) for b in window]
-    total = sum(counts)
+    samples, tokens = counts or window_counts(window)
+    counts_used = tokens if use_tokens else samples
+    total = sum(counts_used)
     if total == 0:
         raise ThriftyError(
             "an accumulation window holds no tokens to learn from (every loss_mask is zero): "
             "check the data's loss_mask"
         )
-    return [c / total for c in counts]
+    return [c / total for c in counts_used]
 
 
 def call_model(model: nn.Module, batch: Any, loss_fn: LossFn | None = None) -> torch.Tensor:

@@ -21,7 +21,15 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from thrifty.activation_checkpointing import apply_activation_checkpointing
-from thrifty.batches import LossFn, call_model, count_samples, count_tokens, loss_weights, to_device
+from thrifty.batches import (
+    LossFn,
+    call_model,
+    count_samples,
+    count_tokens,
+    loss_weights,
+    to_device,
+    window_counts,
+)
 from thrifty.config import RunConfig, TrainConfig, dump_toml
 from thrifty.early_stopping import Budget, EarlyStopping
 from thrifty.errors import ConfigError, ThriftyError
@@ -411,11 +419,12 @@ class Trainer:
             self.state.batch_in_epoch = 0
 
     def _train_step(
-        self, window: list[Any], timer: NullTimer
+        self, window: list[Any], counts: tuple[list[int], list[int]], timer: NullTimer
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One optimizer step over an accumulation window; returns (loss, grad norm) as tensors
-        on the device — reading them would force a host sync, so the caller batches that."""
-        weights = loss_weights(window, self.config.batch.normalize)  # counted on the host
+        on the device — reading them would force a host sync, so the caller batches that.
+        `counts` are the window's samples and tokens per micro-batch, counted on the host."""
+        weights = loss_weights(window, self.config.batch.normalize, counts)
         non_blocking = self.device.type == "cuda"
         window_loss = torch.zeros((), device=self.device)
         for batch, weight in zip(window, weights, strict=True):
@@ -463,9 +472,9 @@ class Trainer:
                 for window in self._windows():
                     timer.mark("data_wait")
                     lr = self.optimizer.param_groups[0]["lr"]
-                    loss, grad_norm = self._train_step(window, timer)
-                    samples = sum(count_samples(b) for b in window)
-                    tokens = sum(count_tokens(b) for b in window)
+                    counts = window_counts(window)
+                    loss, grad_norm = self._train_step(window, counts, timer)
+                    samples, tokens = sum(counts[0]), sum(counts[1])
                     self._advance(samples, tokens, seconds_before + time.perf_counter() - started)
                     reason = budget.exceeded(self.state.step, self.state.tokens, self.state.seconds)
                     if self.val_data is not None and (
