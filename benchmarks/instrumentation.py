@@ -15,39 +15,20 @@ import tempfile
 import time
 
 import torch
+from demo_runs import demo_step_times
 
-from thrifty import Trainer
-from thrifty.config import TrainConfig
-from thrifty.demo import DEMO_CONFIG, build_model, train_dataset
-from thrifty.rundir import read_metrics
+from thrifty.demo import train_dataset
 
 
 def run(data, steps: int, out: str, seed: int, instrumented: bool) -> list[float]:
-    cfg = TrainConfig.from_dict(
-        {
-            **DEMO_CONFIG,
-            "run": {
-                "max_steps": steps,
-                "device": "cpu",
-                "out": out,
-                "progress": "off",
-                "seed": seed,
-                "log_every": 10,
-            },
-            "batch": {"micro": 8, "effective": 16},
-            "data": {"num_workers": 0},
-            "checkpoint": {"every": "off"},
-            "spot": {"provider": "none"},
-            "measure": {"breakdown": instrumented, "system": instrumented},
-            "cost": {"usd_per_gpu_hour": 2.0, "pricing": "on-demand"} if instrumented else {},
-        }
+    return demo_step_times(
+        data,
+        steps,
+        out,
+        seed,
+        measure={"breakdown": instrumented, "system": instrumented},
+        cost={"usd_per_gpu_hour": 2.0, "pricing": "on-demand"} if instrumented else {},
     )
-    torch.manual_seed(seed)
-    model = build_model(**DEMO_CONFIG["task"]["model_args"])
-    Trainer(model, data, cfg).fit()
-    return [r["step_seconds"] for r in read_metrics(f"{out}/metrics.jsonl") if "step_seconds" in r][
-        1:
-    ]
 
 
 def direct_cost(accumulation: int = 2, repeats: int = 20_000) -> tuple[float, float]:

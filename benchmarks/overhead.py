@@ -15,15 +15,12 @@ import tempfile
 import time
 
 import torch
+from demo_runs import EFFECTIVE, MICRO, demo_step_times
 
-from thrifty import Trainer
-from thrifty.config import TrainConfig
 from thrifty.demo import DEMO_CONFIG, build_model, train_dataset
 from thrifty.precision import resolve_precision
-from thrifty.rundir import read_metrics
 from thrifty.schedule import build_scheduler
 
-MICRO, EFFECTIVE = 8, 16
 ACCUM = EFFECTIVE // MICRO
 
 
@@ -66,26 +63,8 @@ def plain_loop(model, data, steps: int, precision, seed: int) -> list[float]:
 
 
 def trainer_loop(data, steps: int, out: str, seed: int) -> list[float]:
-    cfg = TrainConfig.from_dict(
-        {
-            **DEMO_CONFIG,
-            "run": {
-                "max_steps": steps,
-                "device": "cpu",
-                "out": out,
-                "progress": "off",
-                "seed": seed,
-                "log_every": 10,
-            },
-            "batch": {"micro": MICRO, "effective": EFFECTIVE},
-            "schedule": {"warmup_steps": 5, "decay": "cosine", "min_lr_ratio": 0.1},
-            "data": {"num_workers": 0},
-        }
-    )
-    torch.manual_seed(seed)
-    model = build_model(**DEMO_CONFIG["task"]["model_args"])
-    Trainer(model, data, cfg).fit()
-    return [r["step_seconds"] for r in read_metrics(f"{out}/metrics.jsonl") if "step_seconds" in r]
+    schedule = {"warmup_steps": 5, "decay": "cosine", "min_lr_ratio": 0.1}
+    return demo_step_times(data, steps, out, seed, schedule=schedule)
 
 
 def main() -> None:
@@ -100,7 +79,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             # Skip each round's first step: allocator warm-up, not steady state.
-            thrifty_times += trainer_loop(data, args.steps, f"{tmp}/round{r}", seed=r)[1:]
+            thrifty_times += trainer_loop(data, args.steps, f"{tmp}/round{r}", seed=r)
             torch.manual_seed(r)
             model = build_model(**DEMO_CONFIG["task"]["model_args"])
             plain_times += plain_loop(model, data, args.steps, precision, seed=r)[1:]
