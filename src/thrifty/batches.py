@@ -64,7 +64,11 @@ def window_counts(window: Sequence[Any]) -> tuple[list[int], list[int]]:
 
 
 def loss_weights(
-    window: Sequence[Any], normalize: str, counts: tuple[list[int], list[int]] | None = None
+    window: Sequence[Any],
+    normalize: str,
+    counts: tuple[list[int], list[int]] | None = None,
+    totals: tuple[int, int] | None = None,
+    world_size: int = 1,
 ) -> list[float]:
     """Weights that turn per-micro-batch mean losses into the mean over the whole window.
 
@@ -72,13 +76,21 @@ def loss_weights(
     share of the window's samples (tokens) makes the accumulated gradient equal the gradient
     of one big batch, also when micro-batches hold uneven token counts. `counts` are
     `window_counts(window)` when the caller has them already.
+
+    With several processes the window is every rank's micro-batches: `totals` are its samples
+    and tokens over all ranks. Data parallelism averages the ranks' gradients (divides their
+    sum by `world_size`), so each weight is the batch's share of the global window times
+    `world_size`, and the averaged gradient is again that of one big batch.
     """
     use_tokens = normalize == "tokens" or (
         normalize == "auto" and all(isinstance(b, Mapping) and "loss_mask" in b for b in window)
     )
     samples, tokens = counts or window_counts(window)
     counts_used = tokens if use_tokens else samples
-    total = sum(counts_used)
+    if totals is None:
+        total = sum(counts_used)
+    else:
+        total = (totals[1] if use_tokens else totals[0]) / world_size
     if total == 0:
         raise ThriftyError(
             "an accumulation window holds no tokens to learn from (every loss_mask is zero): "

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
-from thrifty.errors import ThriftyError
+from thrifty.errors import ConfigError, ThriftyError
 
 # Modules that contribute subcommands, in the order `thrifty --help` lists them.
 COMMAND_MODULES = (
     "thrifty.commands.training",
     "thrifty.commands.profile",
     "thrifty.commands.chaos",
+    "thrifty.commands.scale",
     "thrifty.plan.cli",
 )
 
@@ -45,14 +47,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "handler", None) is None:
         parser.print_help()
         return EXIT_USAGE
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return int(args.handler(args) or 0)
     except ThriftyError as exc:
-        print(f"thrifty: error: {exc}", file=sys.stderr)
+        _report(exc)
         return EXIT_USAGE
+    except Exception as exc:
+        if not _lost_a_rank(exc):
+            raise
+        rank = os.environ.get("RANK", "0")
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(
+            f"thrifty: error: rank {rank} lost contact with another rank ({first[:200]}); "
+            "the first error above is the cause",
+            file=sys.stderr,
+        )
+        return 1
     except KeyboardInterrupt:
         print("thrifty: interrupted", file=sys.stderr)
         return 130
+
+
+def _lost_a_rank(exc: BaseException) -> bool:
+    """A collective failed because another rank went away (it reports its own error)."""
+    if "RANK" not in os.environ or "torch.distributed" not in sys.modules:
+        return False
+    import torch.distributed as dist
+
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(
+        marker in text for marker in ("Connection closed by peer", "Connection reset by peer")
+    )
+
+
+def _report(exc: ThriftyError) -> None:
+    """One line on stderr. In a job of several processes, an error every rank raises alike (a
+    config error, or one rank 0 shared) is printed by rank 0 only; others name their rank."""
+    rank = os.environ.get("RANK", "0")
+    if rank == "0":
+        print(f"thrifty: error: {exc}", file=sys.stderr)
+    elif not isinstance(exc, ConfigError) and not getattr(exc, "reported_by_rank0", False):
+        print(f"thrifty: error: rank {rank}: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

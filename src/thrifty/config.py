@@ -323,6 +323,25 @@ class SpotConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class DistributedConfig:
+    """How a run launched by torchrun (or `--nprocs`) spreads over its processes."""
+
+    SECTION: ClassVar[str] = "distributed"
+    # auto: ddp when launched with more than one process, single otherwise.
+    strategy: Literal["auto", "single", "ddp", "fsdp"] = "auto"
+    backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on CUDA, gloo on CPU
+    # How long a collective waits for a rank that does not arrive before the job fails.
+    timeout: str | float = "10m"
+
+    def __post_init__(self) -> None:
+        parse_duration(self.timeout, f"{self.SECTION}.timeout")
+
+    @property
+    def timeout_seconds(self) -> float:
+        return parse_duration(self.timeout, f"{self.SECTION}.timeout")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class MeasureConfig:
     """What the loop measures: step-time breakdown, system load, FLOPs and MFU, a trace."""
 
@@ -378,6 +397,7 @@ class TrainConfig:
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     spot: SpotConfig = field(default_factory=SpotConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     task: TaskConfig = field(default_factory=TaskConfig)

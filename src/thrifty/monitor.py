@@ -47,6 +47,12 @@ class ThroughputMeter:
     def samples_per_second(self) -> float:
         return self.samples / self.seconds if self.seconds else 0.0
 
+    @property
+    def step_seconds(self) -> float | None:
+        """Mean seconds per step after the warm-up, or None before any was counted."""
+        counted = self.seen - self.exclude
+        return self.seconds / counted if counted > 0 else None
+
 
 class RunMonitor:
     """Buffers step records and writes them every `log_every` steps; keeps the aggregates the

@@ -9,7 +9,6 @@ Trainer asks it one question per step boundary (`due`), which costs a clock read
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,26 +70,41 @@ def _human(seconds: float) -> str:
 
 
 class SpotGuard:
-    """Checkpoints on an interval and on preemption; finds the checkpoint to resume from."""
+    """Checkpoints on an interval and on preemption; finds the checkpoint to resume from.
 
-    def __init__(self, checkpoint: CheckpointConfig, spot: SpotConfig, run_dir: Path) -> None:
+    In a job of several processes every rank has a guard (each watches for its own preemption
+    notice), and only rank 0's writes: the others have `writes = False` and no manager.
+    """
+
+    def __init__(
+        self, checkpoint: CheckpointConfig, spot: SpotConfig, run_dir: Path, *, writes: bool = True
+    ) -> None:
         self.config = checkpoint
         default = str(run_dir / "checkpoints")
         location = checkpoint.location or default
-        self.manager = CheckpointManager(
-            location,
-            local_dir=checkpoint.local_dir or (default if is_remote(location) else None),
-            keep_last=checkpoint.keep_last,
-            keep_best=checkpoint.keep_best,
-            storage_options=checkpoint.storage_options,
-            upload_retries=checkpoint.upload_retries,
-        )
+        self.writes = writes
+        self._manager: CheckpointManager | None = None
+        if writes:
+            self._manager = CheckpointManager(
+                location,
+                local_dir=checkpoint.local_dir or (default if is_remote(location) else None),
+                keep_last=checkpoint.keep_last,
+                keep_best=checkpoint.keep_best,
+                storage_options=checkpoint.storage_options,
+                upload_retries=checkpoint.upload_retries,
+            )
         self.watcher = PreemptionWatcher(
             spot.provider, base_url=spot.metadata_url, poll_interval=spot.poll_seconds
         )
         self.interval = self._fixed_interval()
         self._last_save_step = 0
         self._last_save_time = time.perf_counter()
+
+    @property
+    def manager(self) -> CheckpointManager:
+        if self._manager is None:
+            raise ThriftyError("only rank 0 writes and reads checkpoints through its manager")
+        return self._manager
 
     def _fixed_interval(self) -> Interval:
         every = self.config.every
@@ -155,24 +169,46 @@ class SpotGuard:
             return time.perf_counter() - self._last_save_time >= self.interval.seconds
         return False
 
-    def save(self, step: int, state: dict[str, Any], metric: float | None) -> None:
-        self.manager.save(step, state, metric=metric)
+    def saved(self, step: int) -> None:
+        """Note a checkpoint of step `step` (on a rank that does not write it)."""
         self._last_save_step = step
         self._last_save_time = time.perf_counter()
+
+    def save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        metric: float | None,
+        extra_files: tuple[str, ...] = (),
+        extra_stall: float = 0.0,
+    ) -> None:
+        """An interval checkpoint. `extra_files` were written into `manager.begin(step)`'s
+        folder already, taking `extra_stall` seconds of training time (sharded saves)."""
+        self.manager.save(step, state, metric=metric, extra_files=extra_files)
+        self.saved(step)
         if self.config.every == "auto" and self.interval == Interval():
             self.manager.wait()  # once: the interval needs the full save time
             tau, text = auto_interval(
-                self.manager.last_stall_seconds,
-                self.manager.last_save_seconds,
+                self.manager.last_stall_seconds + extra_stall,
+                self.manager.last_save_seconds + extra_stall,
                 self.config.interruption_rate,
             )
             self.interval = Interval(seconds=tau)
             log.info(text)
 
-    def emergency_save(self, step: int, state: dict[str, Any], metric: float | None) -> bool:
+    def emergency_save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        metric: float | None,
+        extra_files: tuple[str, ...] = (),
+        reason: str | None = None,
+    ) -> bool:
         """Save now and wait for it (and its upload) up to the configured deadline."""
-        log.warning("%s: saving an emergency checkpoint at step %d", self.watcher.reason, step)
-        self.manager.save(step, state, metric=metric)
+        log.warning(
+            "%s: saving an emergency checkpoint at step %d", reason or self.watcher.reason, step
+        )
+        self.manager.save(step, state, metric=metric, extra_files=extra_files)
         done = self.manager.wait(self.config.upload_deadline_seconds)
         pending = self.manager.pending_uploads if done else [step]
         if pending:
@@ -184,20 +220,31 @@ class SpotGuard:
             )
         return done and not pending
 
-    def finish(self, step: int, state: dict[str, Any] | None, metric: float | None) -> None:
-        """Write the final checkpoint (if `state`), wait for it, stop watching."""
+    def save_final(
+        self,
+        step: int,
+        state: dict[str, Any],
+        metric: float | None,
+        extra_files: tuple[str, ...] = (),
+    ) -> None:
+        """The checkpoint of a finished run (written in the background; `finish` waits)."""
+        self.manager.save(step, state, metric=metric, extra_files=extra_files)
+
+    def finish(self) -> None:
+        """Wait for the checkpoint in flight (and its upload), stop watching."""
         try:
-            if state is not None and not math.isnan(step):
-                self.manager.save(step, state, metric=metric)
-            self.manager.close()
+            if self._manager is not None:
+                self._manager.close()
         finally:
             self.watcher.stop()
 
     def abandon(self) -> None:
         """Stop watching after an error; a save in flight finishes on its own thread."""
         self.watcher.stop()
+        if self._manager is None:
+            return
         try:
-            self.manager.close(timeout=30)
+            self._manager.close(timeout=30)
         except ThriftyError as exc:
             log.warning("checkpoint error while stopping: %s", exc)
 

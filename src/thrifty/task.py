@@ -54,6 +54,8 @@ def build_task(config: TrainConfig) -> Task:
     model = import_object(t.model, "task.model")(**t.model_args)
     train = import_object(t.train_data, "task.train_data")(**t.data_args)
     val = import_object(t.val_data, "task.val_data")(**t.data_args) if t.val_data else None
-    optimizer = import_object(t.optimizer, "task.optimizer")(model) if t.optimizer else None
+    # The factory itself: the Trainer calls it once the model is wrapped (FSDP replaces the
+    # parameters with their shards, so an optimizer built earlier would hold stale ones).
+    optimizer = import_object(t.optimizer, "task.optimizer") if t.optimizer else None
     loss_fn = import_object(t.loss_fn, "task.loss_fn") if t.loss_fn else None
     return Task(model, train, val, optimizer, loss_fn)

@@ -8,6 +8,7 @@ schedule — not a branch inside it.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ from thrifty.batches import (
     window_counts,
 )
 from thrifty.config import RunConfig, TrainConfig, dump_toml
+from thrifty.distributed import Distributed, check_same_config, init_distributed
 from thrifty.early_stopping import Budget, EarlyStopping
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.instrument import NullTimer, make_timer, maybe_trace, measure_flops
@@ -42,6 +44,17 @@ from thrifty.loading import (
     choose_num_workers,
 )
 from thrifty.monitor import RunMonitor
+from thrifty.parallel import (
+    GradSync,
+    check_resumable,
+    check_strategy,
+    check_visible,
+    fsdp_state,
+    load_sharded,
+    local_checkpoint_folder,
+    read_checkpoint_folder,
+    wrap,
+)
 from thrifty.precision import Precision, native_bf16, resolve_precision
 from thrifty.progress import ProgressBar
 from thrifty.rng import rng_state, set_rng_state
@@ -80,6 +93,10 @@ class FitResult:
     mfu: float | None = None  # model FLOP/s ÷ the device's peak for the dtype used
     breakdown: dict[str, float] | None = None  # mean seconds per step of each phase
     cost: dict[str, Any] | None = None  # GPU-hours, dollars, the on-demand equivalent
+    world_size: int = 1  # processes (each with its own device) that trained together
+    strategy: str = "single"  # single | ddp | fsdp
+    parameters: int = 0  # trainable parameters of the model
+    step_seconds: float | None = None  # mean seconds per optimizer step (warm-up excluded)
 
 
 @dataclass
@@ -118,7 +135,9 @@ class Trainer:
 
     `model` returns the loss itself, an output with `.loss`, or logits for `loss_fn(output,
     batch)`. `train_data` and `val_data` are map-style Datasets (thrifty builds the loaders).
-    `optimizer` defaults to the one `config.optimizer` describes; with either, its lr is scaled
+    `optimizer` is an Optimizer or a factory `model -> Optimizer`, called once the model is
+    wrapped (the form FSDP needs: it replaces the parameters with their shards). It defaults to
+    the one `config.optimizer` describes; with either, its lr is scaled
     by the linear scaling rule when `optimizer.reference_batch` is set, and scheduled.
     """
 
@@ -128,7 +147,9 @@ class Trainer:
         train_data: Dataset,
         config: TrainConfig | None = None,
         *,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: torch.optim.Optimizer
+        | Callable[[nn.Module], torch.optim.Optimizer]
+        | None = None,
         val_data: Dataset | None = None,
         loss_fn: LossFn | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
@@ -146,15 +167,21 @@ class Trainer:
         self.loss_fn = loss_fn
         self.collate_fn = collate_fn
         self.state = TrainState()
-        self.device = resolve_device(self.config.run.device)
+        # Under torchrun: join the process group; this rank's device is cuda:LOCAL_RANK.
+        self.dist: Distributed
+        self.dist, device = init_distributed(self.config.distributed, self.config.run.device)
+        check_same_config(self.dist, self.config.to_dict(secrets=False))
+        self.device = resolve_device(device)
         self.precision: Precision = resolve_precision(self.config.precision.mode, self.device)
-        self.accumulation = self.config.batch.accumulation_steps()
+        self.accumulation = self.config.batch.accumulation_steps(self.dist.world_size)
+        check_strategy(self.dist, self.precision, isinstance(optimizer, torch.optim.Optimizer))
         self.early_stopping = EarlyStopping(
             self.config.early_stopping.patience, self.config.early_stopping.min_delta
         )
         self._optimizer_given = optimizer
         self.optimizer: torch.optim.Optimizer | None = None
         self.forward_model: nn.Module = model
+        self.grad_sync: GradSync | None = None
         self.run_dir: Path | None = None
         self.metrics: MetricsLog | None = None
         self.diagnosis: Any = None  # set by fit(): what limited the steps, what to change
@@ -164,7 +191,9 @@ class Trainer:
 
     def _setup(self) -> None:
         cfg = self.config
-        _seed_everything(cfg.run.seed)
+        # The same seed everywhere built the same initial weights; from here on each rank
+        # draws its own random numbers (dropout), and rank 0 those of a single process.
+        _seed_everything(cfg.run.seed + self.dist.rank)
         if cfg.run.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         if self.device.type == "cuda":
@@ -173,8 +202,11 @@ class Trainer:
         self.model.to(self.device)
         self.flops = self._measure_flops()  # before activation checkpointing: model FLOPs only
         self.checkpointed_blocks = self._apply_activation_checkpointing()
+        # Wrapped after activation checkpointing (FSDP shards the checkpointed blocks) and
+        # before the optimizer is built (FSDP replaces the parameters with their shards).
+        wrapped, self.grad_sync = wrap(self.model, self.dist, self.precision)
         self.scaler = self.precision.make_scaler()
-        self.optimizer = self._optimizer_given or self._build_optimizer()
+        self.optimizer = self._make_optimizer()
         self._scale_learning_rate(self.optimizer)
         self.steps_per_epoch, self.train_loader, self.worker_choice = self._build_train_loader()
         self.horizon = self._schedule_horizon()
@@ -186,8 +218,10 @@ class Trainer:
             total_steps=self.horizon,
             min_lr_ratio=s.min_lr_ratio,
         )
-        self.forward_model = self._compile(self.model)
+        self.forward_model = self._compile(wrapped)
         self._params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.dist.enabled:
+            log.info(self.dist.describe())
         log.info("precision: %s (%s)", self.precision.name, self.precision.reason)
         if self.checkpointed_blocks:
             log.info(
@@ -195,12 +229,26 @@ class Trainer:
                 len(self.checkpointed_blocks),
                 ", ".join(self.checkpointed_blocks),
             )
-        log.info(
-            "batch: micro %d × %d accumulation steps = effective %d",
-            cfg.batch.micro,
-            self.accumulation,
-            cfg.batch.micro * self.accumulation,
-        )
+        if self.dist.enabled:
+            log.info(
+                "batch: micro %d × %d accumulation steps × %d processes = effective %d",
+                cfg.batch.micro,
+                self.accumulation,
+                self.dist.world_size,
+                self.effective_batch,
+            )
+        else:
+            log.info(
+                "batch: micro %d × %d accumulation steps = effective %d",
+                cfg.batch.micro,
+                self.accumulation,
+                self.effective_batch,
+            )
+
+    @property
+    def effective_batch(self) -> int:
+        """Samples per optimizer step over all processes."""
+        return self.config.batch.micro * self.accumulation * self.dist.world_size
 
     def _measure_flops(self) -> Any:
         """FLOPs and aten ops of one optimizer step, measured once on a real micro-batch."""
@@ -251,7 +299,7 @@ class Trainer:
         if peak is not None:
             log.info("MFU against %.1f TFLOP/s (%s)", peak.flops_per_second / 1e12, peak.source)
         sampler = None
-        if cfg.measure.system:
+        if cfg.measure.system and self.dist.is_main:
             from thrifty.measure.system import SystemSampler
 
             # GPU sensors only when training on one: on a CPU run their absence is no news.
@@ -259,7 +307,7 @@ class Trainer:
                 cfg.measure.sample_seconds, gpu=self.device.type == "cuda"
             ).start()
         cost = None
-        if cfg.cost.enabled:
+        if cfg.cost.enabled and self.dist.is_main:
             from thrifty.measure.cost import CostMeter
 
             cost = CostMeter.from_config(cfg.cost)
@@ -275,10 +323,10 @@ class Trainer:
             ]
             return min(1.0, max(parts)) or None
 
-        assert self.metrics is not None
+        main = self.dist.is_main
         return RunMonitor(
-            self.metrics,
-            ProgressBar(cfg.run.max_steps, cfg.run.progress),
+            self.metrics if self.metrics is not None else MetricsLog(os.devnull),
+            ProgressBar(cfg.run.max_steps, cfg.run.progress if main else "off"),
             make_timer(cfg.measure.breakdown, self.device),
             exclude_steps=3 if cfg.compile.mode != "off" else 1,
             flops_per_step=flops,
@@ -326,6 +374,20 @@ class Trainer:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
 
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        given = self._optimizer_given
+        if given is None:
+            return self._build_optimizer()
+        if isinstance(given, torch.optim.Optimizer):
+            return given
+        optimizer = given(self.model)  # a factory, called on the wrapped (sharded) model
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ThriftyError(
+                f"the optimizer factory returned a {type(optimizer).__name__}, not a "
+                "torch.optim.Optimizer: return the optimizer built from model.parameters()"
+            )
+        return optimizer
+
     def _build_optimizer(self) -> torch.optim.Optimizer:
         o = self.config.optimizer
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -345,7 +407,7 @@ class Trainer:
         return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), fused=fused or None)
 
     def _scale_learning_rate(self, optimizer: torch.optim.Optimizer) -> None:
-        effective = self.config.batch.micro * self.accumulation
+        effective = self.effective_batch
         for group in optimizer.param_groups:
             group["lr"] = scaled_lr(group["lr"], effective, self.config.optimizer.reference_batch)
             group["initial_lr"] = group["lr"]  # the schedule multiplies the scaled rate
@@ -379,7 +441,11 @@ class Trainer:
             workers = choice.num_workers
             log.info("data: %s", choice.describe())
         self.sampler = EpochSampler(
-            len(self.train_data), shuffle=d.shuffle, seed=self.config.run.seed
+            len(self.train_data),
+            shuffle=d.shuffle,
+            seed=self.config.run.seed,
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
         )
         loader = build_loader(
             self.train_data,
@@ -388,10 +454,10 @@ class Trainer:
             self.collate_fn,
             seed=self.config.run.seed,
         )
-        steps_per_epoch = len(self.train_data) // micro // self.accumulation
+        steps_per_epoch = len(self.train_data) // self.effective_batch
         if steps_per_epoch == 0:
             raise ConfigError(
-                f"batch.effective = {micro * self.accumulation} is invalid: the training set has "
+                f"batch.effective = {self.effective_batch} is invalid: the training set has "
                 f"only {len(self.train_data)} samples; use a smaller batch"
             )
         return steps_per_epoch, loader, choice
@@ -419,21 +485,31 @@ class Trainer:
             self.state.batch_in_epoch = 0
 
     def _train_step(
-        self, window: list[Any], counts: tuple[list[int], list[int]], timer: NullTimer
+        self,
+        window: list[Any],
+        counts: tuple[list[int], list[int]],
+        timer: NullTimer,
+        totals: tuple[int, int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One optimizer step over an accumulation window; returns (loss, grad norm) as tensors
         on the device — reading them would force a host sync, so the caller batches that.
-        `counts` are the window's samples and tokens per micro-batch, counted on the host."""
-        weights = loss_weights(window, self.config.batch.normalize, counts)
+        `counts` are the window's samples and tokens per micro-batch, counted on the host;
+        `totals` the samples and tokens of the window over all ranks (None: one process)."""
+        weights = loss_weights(
+            window, self.config.batch.normalize, counts, totals, self.dist.world_size
+        )
         non_blocking = self.device.type == "cuda"
         window_loss = torch.zeros((), device=self.device)
-        for batch, weight in zip(window, weights, strict=True):
+        grad_sync = self.grad_sync
+        last = len(window) - 1
+        for i, (batch, weight) in enumerate(zip(window, weights, strict=True)):
             batch = to_device(batch, self.device, non_blocking)
             timer.mark("host_to_device")
-            with self.precision.autocast():
-                loss = call_model(self.forward_model, batch, self.loss_fn)
-            timer.mark("forward")
-            self.scaler.scale(loss * weight).backward()
+            with grad_sync(i == last):  # gradients cross ranks once per window, not per batch
+                with self.precision.autocast():
+                    loss = call_model(self.forward_model, batch, self.loss_fn)
+                timer.mark("forward")
+                self.scaler.scale(loss * weight).backward()
             window_loss += loss.detach().float() * weight
             timer.mark("backward")
         grad_norm = None
@@ -442,12 +518,14 @@ class Trainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 self._params, self.config.optimizer.grad_clip
             )
+            if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor
+                grad_norm = grad_norm.full_tensor()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         timer.mark("optimizer")
-        return window_loss, grad_norm
+        return self.dist.mean_(window_loss), grad_norm
 
     def fit(self) -> FitResult:
         """Train until a budget, the data (run.max_epochs), early stopping or a preemption
@@ -473,10 +551,19 @@ class Trainer:
                     timer.mark("data_wait")
                     lr = self.optimizer.param_groups[0]["lr"]
                     counts = window_counts(window)
-                    loss, grad_norm = self._train_step(window, counts, timer)
                     samples, tokens = sum(counts[0]), sum(counts[1])
+                    totals = None
+                    if self.dist.enabled:  # the window over all ranks: weights and counters
+                        samples, tokens = totals = tuple(self.dist.sum_ints([samples, tokens]))
+                    loss, grad_norm = self._train_step(window, counts, timer, totals)
                     self._advance(samples, tokens, seconds_before + time.perf_counter() - started)
                     reason = budget.exceeded(self.state.step, self.state.tokens, self.state.seconds)
+                    preempted, due = guard.preempted, reason is None and guard.due(self.state.step)
+                    if self.dist.enabled:  # a decision one rank takes, every rank takes
+                        time_up, preempted, due = self.dist.any_of(
+                            reason == "max_time", preempted, due
+                        )
+                        reason = reason or ("max_time" if time_up else None)
                     if self.val_data is not None and (
                         self.state.step % cfg.eval.every == 0 or reason
                     ):
@@ -488,16 +575,14 @@ class Trainer:
                         step_start += (
                             time.perf_counter() - eval_start
                         )  # evaluation is not step time
-                    if guard.preempted or (reason is None and guard.due(self.state.step)):
+                    if preempted or (due and reason is None):
                         monitor.flush(self.state.seconds, self.state.samples, self.state.tokens)
                         save_start = time.perf_counter()
-                        if guard.preempted:
-                            guard.emergency_save(
-                                self.state.step, self.state_dict(), self.state.val_loss
-                            )
+                        if preempted:
+                            self._checkpoint(guard, emergency=True)
                             reason = "preempted"
                         else:
-                            guard.save(self.state.step, self.state_dict(), self.state.val_loss)
+                            self._checkpoint(guard)
                         timer.add("checkpoint", time.perf_counter() - save_start)
                     now = time.perf_counter()
                     monitor.add(
@@ -523,8 +608,10 @@ class Trainer:
                     step_start = time.perf_counter()
                     timer.start()
             monitor.flush(self.state.seconds, self.state.samples, self.state.tokens)
-            final_state = None if stop_reason == "preempted" else self.state_dict()
-            guard.finish(self.state.step, final_state, self.state.val_loss)
+            if stop_reason != "preempted":
+                self._checkpoint(guard, final=True)
+            guard.finish()
+            self.dist.barrier()  # no rank leaves while rank 0 still writes the checkpoint
         except BaseException:
             guard.abandon()
             raise
@@ -549,10 +636,15 @@ class Trainer:
             mfu=monitor.mfu,
             breakdown=monitor.mean_phases(),
             cost=monitor.cost.summary().to_dict() if monitor.cost is not None else None,
+            world_size=self.dist.world_size,
+            strategy=self.dist.strategy,
+            parameters=sum(p.numel() for p in self._params),
+            step_seconds=monitor.meter.step_seconds,
         )
-        self.diagnosis = self._diagnose(monitor)
-        if stop_reason != "preempted":  # summary.json marks a finished run
-            self._write_summary(result)
+        if self.dist.is_main:
+            self.diagnosis = self._diagnose(monitor)
+            if stop_reason != "preempted":  # summary.json marks a finished run
+                self._write_summary(result)
         return result
 
     def _advance(self, samples: int, tokens: int, seconds: float) -> None:
@@ -572,7 +664,12 @@ class Trainer:
         e = self.config.eval
         loader = build_loader(
             self.val_data,
-            EpochSampler(len(self.val_data), shuffle=False),
+            EpochSampler(
+                len(self.val_data),
+                shuffle=False,
+                rank=self.dist.rank,
+                world_size=self.dist.world_size,
+            ),
             self._loader_settings(e.micro or self.config.batch.micro, 0),
             self.collate_fn,
         )
@@ -594,6 +691,12 @@ class Trainer:
             total += loss.double() * weight
             weight_sum += weight
         self.model.train(was_training)
+        if self.dist.enabled:  # every rank evaluated its share: the mean over all of them
+            both = torch.stack(
+                [total, torch.tensor(float(weight_sum), device=self.device).double()]
+            )
+            total, weight_sum = self.dist.sum_(both).unbind()
+            weight_sum = int(weight_sum.item())
         if weight_sum == 0:
             raise ThriftyError(
                 f"the validation set yields no full batch of {e.micro or self.config.batch.micro}: "
@@ -609,8 +712,37 @@ class Trainer:
 
         A directory with summary.json holds a finished run and is refused (unless
         run.overwrite); one with checkpoints is resumed (checkpoint.resume = auto), never
-        silently started over.
+        silently started over. With several processes rank 0 decides and writes; every rank
+        then loads the same checkpoint folder, which must be visible to all of them.
         """
+        d = self.dist
+        if not d.enabled:
+            guard, ref, why = self._prepare_run_dir()
+            if ref is not None:
+                self.load_state_dict(guard.load(ref))
+            return self._opened(guard, resumed=ref is not None, why=why)
+        main_guard: list[SpotGuard] = []
+
+        def on_rank0() -> tuple[str, str, str | None, str]:
+            guard, ref, why = self._prepare_run_dir()
+            main_guard.append(guard)
+            folder = local_checkpoint_folder(guard, ref) if ref is not None else None
+            return str(self.run_dir), guard.manager.local_dir, folder, why
+
+        run_dir, checkpoint_dir, folder, why = d.on_main(on_rank0)
+        check_visible(d, checkpoint_dir)
+        if not d.is_main:
+            self.run_dir = Path(run_dir)
+        guard = (
+            main_guard[0]
+            if d.is_main
+            else SpotGuard(self.config.checkpoint, self.config.spot, Path(run_dir), writes=False)
+        )
+        if folder is not None:
+            self.load_state_dict(read_checkpoint_folder(d, folder), shards=folder)
+        return self._opened(guard, resumed=folder is not None, why=why)
+
+    def _prepare_run_dir(self) -> tuple[SpotGuard, Any, str]:
         r, c = self.config.run, self.config.checkpoint
         run_dir = Path(r.out) if r.out else default_run_dir(r.name)
         finished = (run_dir / "summary.json").exists()
@@ -639,13 +771,20 @@ class Trainer:
             )
             restart = True
         self.run_dir = prepare_run_dir(run_dir, r.overwrite or restart, resuming=ref is not None)
-        if ref is not None:
-            self.load_state_dict(guard.load(ref))
+        return guard, ref, why
+
+    def _opened(self, guard: SpotGuard, *, resumed: bool, why: str) -> SpotGuard:
+        """Rank 0 records the run's config and opens its metrics log."""
+        if resumed:
             log.info("resumed from step %d (%s)", self.state.step, why)
+        if not self.dist.is_main:
+            return guard
+        assert self.run_dir is not None
+        if resumed:
             truncate_metrics(self.run_dir / "metrics.jsonl", self.state.step)
         (self.run_dir / "config.toml").write_text(dump_toml(self.config.to_dict(secrets=False)))
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
-        if ref is not None:
+        if resumed:
             self._log_event(event="resumed")
         log.info(guard.describe())
         return guard
@@ -655,34 +794,99 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer, schedule, loss scaler, counters, data position, early stopping,
-        every RNG, and the config — tensors and plain values only (loadable weights_only)."""
+        every RNG, and the config — tensors and plain values only (loadable weights_only).
+
+        Under FSDP the model and optimizer are sharded over the ranks and are left out: each
+        rank writes its shard when the Trainer checkpoints (see `thrifty.checkpoint.sharded`).
+        """
         if self.optimizer is None:
             raise ThriftyError("the Trainer has no training state before fit() sets it up")
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "early_stopping": self.early_stopping.state_dict(),
-            "progress": asdict(self.state),
-            "rng": rng_state(),
-            "effective_batch": self.config.batch.micro * self.accumulation,
-            "config": self.config.to_dict(secrets=False),
-        }
+        state: dict[str, Any] = {}
+        if self.dist.strategy != "fsdp":
+            state["model"] = self.model.state_dict()
+            state["optimizer"] = self.optimizer.state_dict()
+        state.update(
+            scheduler=self.scheduler.state_dict(),
+            scaler=self.scaler.state_dict(),
+            early_stopping=self.early_stopping.state_dict(),
+            progress=asdict(self.state),
+            rng=rng_state(),
+            effective_batch=self.effective_batch,
+            accumulation=self.accumulation,
+            world_size=self.dist.world_size,
+            strategy=self.dist.strategy,
+            config=self.config.to_dict(secrets=False),
+        )
+        return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a `state_dict()`; refuses one written for another model or batch."""
-        check_compatible(self.model, state, self.config.batch.micro * self.accumulation)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+    def load_state_dict(self, state: dict[str, Any], *, shards: str | None = None) -> None:
+        """Restore a `state_dict()`; refuses one written for another model, batch or layout.
+
+        `shards` is the checkpoint folder whose shards hold the model and optimizer (FSDP).
+        """
+        d = self.dist
+        check_resumable(d, state)
+        if d.strategy == "fsdp":
+            if shards is None:
+                raise ThriftyError("an FSDP state needs its checkpoint folder to read shards from")
+            load_sharded(self.model, self.optimizer, state, shards, self.effective_batch, d)
+        else:
+            check_compatible(self.model, state, self.effective_batch)
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.early_stopping.load_state_dict(state["early_stopping"])
         self.state = TrainState(**state["progress"])
-        set_rng_state(state["rng"])
+        saved_accumulation = state.get("accumulation", self.accumulation)
+        if saved_accumulation != self.accumulation:  # FSDP resharded: same windows, new split
+            windows = self.state.batch_in_epoch // saved_accumulation
+            self.state.batch_in_epoch = windows * self.accumulation
+        rngs = state.get("rank_rng") or [state["rng"]]
+        if d.rank < len(rngs):
+            set_rng_state(rngs[d.rank])
+        else:  # a rank the saved job did not have (FSDP at a larger world size)
+            _seed_everything(self.config.run.seed + d.rank + 1_000_003 * self.state.step)
+
+    def _checkpoint(
+        self, guard: SpotGuard, *, emergency: bool = False, final: bool = False
+    ) -> None:
+        """Checkpoint this step. Rank 0 writes the state with every rank's RNG; under FSDP
+        every rank first writes its shard into the step's folder, and rank 0's manifest,
+        written last, publishes the checkpoint once all shards are on disk."""
+        d = self.dist
+        step, metric = self.state.step, self.state.val_loss
+        extra: tuple[str, ...] = ()
+        stall = 0.0
+        sharded_plain = None
+        if d.strategy == "fsdp":
+            from thrifty.checkpoint.sharded import split_tensors, write_shards
+
+            start = time.perf_counter()
+            folder = d.on_main(lambda: guard.manager.begin(step))
+            tensors, sharded_plain = split_tensors(fsdp_state(self.model, self.optimizer))
+            extra = tuple(write_shards(tensors, folder, d.control))
+            stall = time.perf_counter() - start
+        rngs = d.gather(rng_state()) if d.enabled else None
+        if not d.is_main:
+            guard.saved(step)
+            return
+        state = self.state_dict()
+        if rngs is not None:
+            state["rank_rng"] = rngs
+        if sharded_plain is not None:
+            state["sharded"] = sharded_plain
+        if emergency:
+            reason = None if guard.preempted else "a preemption notice on another rank"
+            guard.emergency_save(step, state, metric, extra, reason=reason)
+        elif final:
+            guard.save_final(step, state, metric, extra)
+        else:
+            guard.save(step, state, metric, extra, stall)
 
     def _log_event(self, **fields: Any) -> None:
-        self.metrics.write([{"step": self.state.step, **fields}])
+        if self.metrics is not None:  # rank 0's
+            self.metrics.write([{"step": self.state.step, **fields}])
 
     def _write_summary(self, result: FitResult) -> None:
         if self.run_dir is None:
@@ -691,7 +895,7 @@ class Trainer:
         summary["final_val_loss"] = summary.pop("val_loss")
         summary["precision_reason"] = self.precision.reason
         summary["accumulation_steps"] = self.accumulation
-        summary["effective_batch"] = self.config.batch.micro * self.accumulation
+        summary["effective_batch"] = self.effective_batch
         if self.worker_choice is not None:
             summary["num_workers_measured_seconds_per_batch"] = {
                 str(k): v for k, v in self.worker_choice.seconds_per_batch.items()

@@ -81,6 +81,7 @@ def download_checkpoint(remote: Storage, name: str, manifest: Manifest, folder: 
         os.makedirs(folder, exist_ok=True)
         for entry in manifest.files:
             tmp = os.path.join(folder, entry.name + ".tmp")
+            os.makedirs(os.path.dirname(tmp), exist_ok=True)
             remote.download(f"{name}/{entry.name}", tmp)
             try:
                 check_file(tmp, entry, where=f"{where}/{entry.name}")
@@ -131,6 +132,7 @@ def load_checkpoint(
     with tempfile.TemporaryDirectory(prefix=".download-", dir=scratch_dir) as folder:
         for entry in manifest.files:
             path = os.path.join(folder, entry.name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             retry.call(partial(storage.download, entry.name, path), f"load {where}")
             check_file(path, entry, where=f"{where}/{entry.name}")
         return load_state(folder, manifest, where=where)

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -158,17 +158,23 @@ class CheckpointManager:
 
     # --- the training loop's side ------------------------------------------------------------
 
-    def save(self, step: int, state: Mapping[str, Any], *, metric: float | None = None) -> None:
+    def save(
+        self,
+        step: int,
+        state: Mapping[str, Any],
+        *,
+        metric: float | None = None,
+        extra_files: Sequence[str] = (),
+    ) -> None:
         """Copy `state` to host memory and write it in the background; return at once after.
 
         Waits first for the previous save (raising its error if it failed permanently). The
         caller is blocked only for that wait and the copy: `last_stall_seconds` (seconds).
         `metric` ranks checkpoints for keep_best (lower is better; NaN is not ranked).
+        `extra_files` are files already written into `begin(step)`'s folder (sharded
+        checkpoints): they are hashed into the manifest and uploaded with the state.
         """
-        if self._closed:
-            raise CheckpointError(f"the checkpoint manager for {self.location} is closed")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise CheckpointError(f"checkpoint step must be a non-negative integer, got {step!r}")
+        self._check_step(step)
         start = time.perf_counter()
         self._idle.wait()
         self._raise_pending()
@@ -178,7 +184,30 @@ class CheckpointManager:
             raise CheckpointError(f"cannot checkpoint step {step}: {exc}") from None
         self.last_stall_seconds = time.perf_counter() - start
         metric = clean_metric(metric)
-        self._submit(lambda: self._save_job(step, host_state, metric, start))
+        extra = tuple(extra_files)
+        self._submit(lambda: self._save_job(step, host_state, metric, start, extra))
+
+    def begin(self, step: int) -> str:
+        """The local folder for step `step`, emptied and unpublished, for files written into it
+        before `save(step, ..., extra_files=...)`; waits for the save in flight first."""
+        self._check_step(step)
+        self._idle.wait()
+        self._raise_pending()
+        name = step_dir(step)
+        folder = self._local.path(name)
+        try:
+            self._local.delete(f"{name}/{MANIFEST}")  # stop trusting an old copy first
+            self._local.delete(name)
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            raise local_error(exc, f"prepare checkpoint step {step}", folder) from exc
+        return folder
+
+    def _check_step(self, step: int) -> None:
+        if self._closed:
+            raise CheckpointError(f"the checkpoint manager for {self.location} is closed")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise CheckpointError(f"checkpoint step must be a non-negative integer, got {step!r}")
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait up to `timeout` seconds for the save in flight; True when none is left.
@@ -321,8 +350,10 @@ class CheckpointManager:
         if error is not None:
             raise error
 
-    def _save_job(self, step: int, state: Any, metric: float | None, start: float) -> None:
-        self._write_local(step, state, metric)
+    def _save_job(
+        self, step: int, state: Any, metric: float | None, start: float, extra: tuple[str, ...]
+    ) -> None:
+        self._write_local(step, state, metric, extra)
         del state
         log.info("checkpoint step %d written to %s", step, self.local_dir)
         if self._remote is not None:
@@ -332,7 +363,9 @@ class CheckpointManager:
             self._purge(self._local, published, self._keep(published), orphans)
         self.last_save_seconds = time.perf_counter() - start
 
-    def _write_local(self, step: int, state: Any, metric: float | None) -> None:
+    def _write_local(
+        self, step: int, state: Any, metric: float | None, extra: tuple[str, ...] = ()
+    ) -> None:
         name = step_dir(step)
         folder = self._local.path(name)
         tmp = os.path.join(folder, STATE_FILE + ".tmp")
@@ -343,11 +376,16 @@ class CheckpointManager:
             torch.save(state, tmp)
             fsync_file(tmp)
             # Hashing reads the fresh file back: the manifest describes what landed on disk.
-            entry = FileEntry(STATE_FILE, os.path.getsize(tmp), sha256_file(tmp))
+            entries = [FileEntry(STATE_FILE, os.path.getsize(tmp), sha256_file(tmp))]
+            for rel in extra:
+                path = os.path.join(folder, rel)
+                entries.append(FileEntry(rel, os.path.getsize(path), sha256_file(path)))
             os.replace(tmp, os.path.join(folder, STATE_FILE))
             fsync_dir(folder)
             thrifty_version, torch_version = _versions()
-            manifest = Manifest(step, (entry,), utc_now(), metric, thrifty_version, torch_version)
+            manifest = Manifest(
+                step, tuple(entries), utc_now(), metric, thrifty_version, torch_version
+            )
             atomic_write_bytes(os.path.join(folder, MANIFEST), manifest.to_json())
             fsync_dir(self._local.root)
         except OSError as exc:

@@ -25,8 +25,9 @@ log = logging.getLogger("thrifty.checkpoint")
 MANIFEST = "manifest.json"
 FORMAT = "thrifty-checkpoint"
 FORMAT_VERSION = 1
-# File names come from a manifest that may have been tampered with: never a path.
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+# File names come from a manifest that may have been tampered with: a plain name, or one folder
+# and a plain name (a sharded checkpoint's `shards/__0_0.distcp`), never a path that leaves.
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_.][A-Za-z0-9_.-]*)?$")
 _CHUNK = 8 << 20
 
 
@@ -94,7 +95,12 @@ def _int(value: Any) -> int:
 
 def _file_entry(doc: Any) -> FileEntry:
     name = doc["name"]
-    if not isinstance(name, str) or not _SAFE_NAME.match(name) or name == MANIFEST:
+    if (
+        not isinstance(name, str)
+        or not _SAFE_NAME.match(name)
+        or name == MANIFEST
+        or any(part in (".", "..") for part in name.split("/"))
+    ):
         raise ValueError(f"file name {name!r} is not a plain file name")
     sha = doc["sha256"]
     if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):

@@ -39,6 +39,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--trace", metavar="DIR", help="write a torch.profiler trace of a few steps to DIR"
     )
     parser.add_argument(
+        "--nprocs",
+        type=int,
+        metavar="N",
+        help="train with N processes on this machine (DDP by default; like torchrun "
+        "--standalone --nproc_per_node N); for several machines launch with torchrun",
+    )
+    parser.add_argument(
         "--peak-tflops",
         type=float,
         metavar="X",
@@ -90,44 +97,75 @@ def run_demo(args: argparse.Namespace) -> int:
     from thrifty.demo import DEMO_CONFIG
 
     config = load_config(None, _overrides(args), base=DEMO_CONFIG)
-    return _train(config)
+    return _launch(args) if _launching(args) else _train(config)
 
 
 def run_train(args: argparse.Namespace) -> int:
     from thrifty.config import load_config
 
-    config = load_config(args.config, _overrides(args))
-    return _train(config)
+    config = load_config(args.config, _overrides(args))  # bad input fails here, once
+    return _launch(args) if _launching(args) else _train(config)
+
+
+def _launching(args: argparse.Namespace) -> bool:
+    if args.nprocs is not None and args.nprocs < 1:
+        from thrifty.errors import ConfigError
+
+        raise ConfigError(f"--nprocs {args.nprocs} is invalid: give 1 or more processes")
+    return args.nprocs is not None and args.nprocs > 1
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from thrifty.launch import launch
+
+    return launch(args.nprocs, args.argv)
 
 
 def _train(config: Any) -> int:
     import logging
 
-    from thrifty.report import print_diagnosis, print_summary
+    from thrifty.distributed import env_rank
+    from thrifty.preemption import EXIT_PREEMPTED
     from thrifty.task import build_task
     from thrifty.trainer import Trainer, _seed_everything
 
-    logging.basicConfig(level=logging.INFO, format="thrifty: %(message)s")
+    # Only rank 0 speaks; the other ranks log errors alone, naming themselves.
+    rank = env_rank()
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.ERROR,
+        format="thrifty: %(message)s" if rank == 0 else f"thrifty: rank {rank}: %(message)s",
+    )
     _seed_everything(config.run.seed)
     task = build_task(config)
-    trainer = Trainer(
-        task.model,
-        task.train_data,
-        config,
-        optimizer=task.optimizer,
-        val_data=task.val_data,
-        loss_fn=task.loss_fn,
-    )
-    result = trainer.fit()
-    print_summary(result)
-    if trainer.diagnosis is not None:
-        print_diagnosis(trainer.diagnosis, result)
-    if result.stop_reason == "preempted":
-        from thrifty.preemption import EXIT_PREEMPTED
+    trainer = None
+    try:
+        trainer = Trainer(
+            task.model,
+            task.train_data,
+            config,
+            optimizer=task.optimizer,
+            val_data=task.val_data,
+            loss_fn=task.loss_fn,
+        )
+        result = trainer.fit()
+        if rank == 0:
+            _report(result, trainer.diagnosis)
+        trainer.dist.barrier()  # the ranks leave together: a launcher sees one outcome
+    finally:
+        if trainer is not None:
+            trainer.dist.close()
+    return EXIT_PREEMPTED if result.stop_reason == "preempted" else 0
 
+
+def _report(result: Any, diagnosis: Any) -> None:
+    from thrifty.preemption import EXIT_PREEMPTED
+    from thrifty.report import print_diagnosis, print_summary
+
+    print_summary(result)
+    if diagnosis is not None:
+        print_diagnosis(diagnosis, result)
+    if result.stop_reason == "preempted":
         print(
             f"thrifty: preempted at step {result.steps}; checkpoint saved, run the same command "
             f"to resume (exit code {EXIT_PREEMPTED})"
         )
-        return EXIT_PREEMPTED
-    return 0

@@ -1,0 +1,361 @@
+"""Two (and three) real processes with gloo on CPU, launched the way users launch them.
+
+Each run is `thrifty train CONFIG --nprocs N` (torch's elastic launcher) or `torchrun`; the
+losses and weights they produce are compared with one process on the same global batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+TESTS = REPO / "tests"
+TIMEOUT = 120  # seconds any launch may take before the test fails instead of hanging
+
+CONFIG = """
+[run]
+max_steps = {steps}
+log_every = 1
+progress = "off"
+seed = 7
+
+[precision]
+mode = "fp32"
+
+[batch]
+micro = {micro}
+effective = {effective}
+
+[optimizer]
+grad_clip = 1.0
+
+[data]
+num_workers = 0
+
+[eval]
+every = 5
+
+[checkpoint]
+every = {every}
+
+[measure]
+system = false
+peak_tflops = 1.0
+
+[distributed]
+strategy = "{strategy}"
+timeout = "60s"
+
+[task]
+model = "dist_task:model"
+train_data = "dist_task:train_data"
+val_data = "dist_task:val_data"
+optimizer = "dist_task:sgd"
+loss_fn = "dist_task:cross_entropy"
+data_args = {{ ms = {ms} }}
+"""
+
+
+def write_config(tmp: Path, name: str, **values) -> Path:
+    settings = {
+        "steps": 12,
+        "micro": 16,
+        "effective": 64,
+        "every": '"off"',
+        "strategy": "auto",
+        "ms": 0.0,
+    }
+    settings.update(values)
+    path = tmp / f"{name}.toml"
+    path.write_text(CONFIG.format(**settings))
+    return path
+
+
+def child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO / "src")]),
+        OMP_NUM_THREADS="1",
+        THRIFTY_SPOT_PROVIDER="none",
+    )
+    return env
+
+
+def train(config: Path, out: Path, *args: str, nprocs: int = 1) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "thrifty", "train", str(config), "--out", str(out), *args]
+    if nprocs > 1:
+        command += ["--nprocs", str(nprocs)]
+    return subprocess.run(
+        command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT
+    )
+
+
+def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def losses(run: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def val_losses(run: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
+
+
+def newest_checkpoint(run: Path) -> Path:
+    return max((run / "checkpoints").glob("step-*"))
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    """The model of the run's newest checkpoint, whole (gathered from shards for FSDP)."""
+    folder = newest_checkpoint(run)
+    state = torch.load(folder / "state.pt", weights_only=True)
+    if "model" in state:
+        return state["model"]
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from thrifty.checkpoint.sharded import read_metadata_safely, read_shards
+
+    metadata = read_metadata_safely(str(folder / "shards" / ".metadata"))
+    template = {
+        "model": {
+            key[len("model.") :]: torch.empty(md.size, dtype=md.properties.dtype)
+            for key, md in metadata.state_dict_metadata.items()
+            if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
+        }
+    }
+    read_shards(template, str(folder))  # no process group: this process reads every shard
+    return template["model"]
+
+
+def assert_same_training(a: Path, b: Path, *, exact: bool) -> None:
+    la, lb = losses(a), losses(b)
+    assert sorted(la) == sorted(lb) and la
+    wa, wb = final_weights(a), final_weights(b)
+    assert sorted(wa) == sorted(wb)
+    if exact:
+        assert la == lb
+        for key in wa:
+            assert torch.equal(wa[key], wb[key]), key
+        return
+    for step in la:
+        assert la[step] == pytest.approx(lb[step], rel=1e-5, abs=1e-6), step
+    va, vb = val_losses(a), val_losses(b)
+    assert sorted(va) == sorted(vb)
+    for step in va:
+        assert va[step] == pytest.approx(vb[step], rel=1e-5), step
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key], rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> Path:
+    """One process, micro 16 × 4 accumulation steps: the global batch of 64 every run shares."""
+    tmp = tmp_path_factory.mktemp("single")
+    out = tmp / "run"
+    ok(train(write_config(tmp, "single"), out))
+    return out
+
+
+def test_ddp_trains_like_one_process_on_the_same_global_batch(single, tmp_path):
+    # micro 32 × 1 step on each of 2 ranks, and micro 16 × 2 steps (gradient sync on the last
+    # micro-batch only): both are the same 64 samples per step as the single process.
+    for micro in (32, 16):
+        out = tmp_path / f"ddp-{micro}"
+        result = ok(train(write_config(tmp_path, f"ddp{micro}", micro=micro), out, nprocs=2))
+        assert "ddp over 2 processes" in result.stderr
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["world_size"] == 2 and summary["strategy"] == "ddp"
+        assert summary["effective_batch"] == 64 and summary["samples"] == 12 * 64
+        assert summary["accumulation_steps"] == 64 // (2 * micro)
+        assert_same_training(single, out, exact=False)
+        assert not (out / "rank-1").exists() and "rank 1" not in result.stdout
+
+
+def test_fsdp_with_activation_checkpointing_trains_like_one_process_under_torchrun(
+    single, tmp_path
+):
+    config = write_config(tmp_path, "fsdp", strategy="fsdp")
+    out = tmp_path / "fsdp"
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "thrifty",
+        "train",
+        str(config),
+        "--out",
+        str(out),
+        "--set",
+        "activation_checkpointing.policy=all",
+    ]
+    result = ok(
+        subprocess.run(
+            command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT
+        )
+    )
+    assert "fsdp over 2 processes" in result.stderr
+    assert "activation checkpointing: 2 blocks" in result.stderr
+    assert_same_training(single, out, exact=False)
+    shards = sorted(p.name for p in (newest_checkpoint(out) / "shards").iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    manifest = json.loads((newest_checkpoint(out) / "manifest.json").read_text())
+    assert {f["name"] for f in manifest["files"]} == {"state.pt", *(f"shards/{s}" for s in shards)}
+
+
+def _rank_pid(launcher: subprocess.Popen, rank: int) -> int:
+    import psutil
+
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            if child.environ().get("RANK") == str(rank) and "thrifty" in " ".join(child.cmdline()):
+                return child.pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"rank {rank} not found")
+
+
+def _steps_logged(run: Path) -> int:
+    try:
+        return max(losses(run), default=0)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return 0
+
+
+@pytest.mark.parametrize(("strategy", "signalled_rank"), [("ddp", 1), ("fsdp", 0)])
+def test_sigterm_to_one_rank_checkpoints_every_rank_and_the_rerun_resumes_exactly(
+    tmp_path, strategy, signalled_rank
+):
+    steps = 24
+    config = write_config(tmp_path, strategy, strategy=strategy, steps=steps, ms=1.0)
+    reference = tmp_path / "reference"
+    ok(train(config, reference, nprocs=2))
+
+    out = tmp_path / "preempted"
+    command = [sys.executable, "-m", "thrifty", "train", str(config), "--out", str(out)]
+    launcher = subprocess.Popen(
+        [*command, "--nprocs", "2"],
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while _steps_logged(out) < 4:
+            assert launcher.poll() is None and time.monotonic() < deadline, "run ended early"
+            time.sleep(0.05)
+        os.kill(_rank_pid(launcher, signalled_rank), signal.SIGTERM)
+        stdout, stderr = launcher.communicate(timeout=TIMEOUT)  # none hangs: bounded wait
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 75, stdout[-2000:] + stderr[-2000:]
+    stopped_at = _steps_logged(out)
+    assert 4 <= stopped_at < steps
+    assert newest_checkpoint(out).name == f"step-{stopped_at:08d}"
+    assert not (out / "summary.json").exists()
+    assert "preempted at step" in stdout
+
+    resumed = ok(train(config, out, nprocs=2))
+    assert f"resumed from step {stopped_at}" in resumed.stderr
+    assert_same_training(reference, out, exact=True)
+
+
+def test_fsdp_resumes_at_another_world_size_by_resharding(tmp_path):
+    # 96 samples per step: micro 16 × 3 steps on 2 ranks, then micro 16 × 2 steps on 3 ranks.
+    config = write_config(tmp_path, "fsdp", strategy="fsdp", effective=96, steps=6, every=3)
+    constant = ("--set", "schedule.decay=constant")  # the same lr whatever run.max_steps says
+    reference = tmp_path / "reference"
+    ok(train(config, reference, *constant, nprocs=2))
+    out = tmp_path / "resharded"
+    ok(train(config, out, *constant, "--steps", "3", nprocs=2))
+    (out / "summary.json").unlink()  # a finished 3-step run made resumable for 3 more steps
+    result = ok(train(config, out, *constant, nprocs=3))
+    assert "resharding a checkpoint of 2 processes onto 3" in result.stderr
+    # The same samples in the same steps: the losses agree to float tolerance.
+    la, lb = losses(reference), losses(out)
+    assert sorted(la) == sorted(lb) == list(range(1, 7))
+    for step in la:
+        assert la[step] == pytest.approx(lb[step], rel=1e-5), step
+
+
+# --- bad input: one line from rank 0, every rank exits, none hangs ---------------------------
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("thrifty: error")]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    return lines[0]
+
+
+def test_a_world_size_that_does_not_divide_the_global_batch_is_one_line(tmp_path):
+    config = write_config(tmp_path, "bad", micro=16, effective=80)
+    line = one_error_line(train(config, tmp_path / "run", nprocs=2))
+    assert "batch.effective = 80 is invalid" in line and "16 × 2 = 32" in line
+
+
+def test_nccl_on_cpu_is_one_line(tmp_path):
+    config = write_config(tmp_path, "nccl")
+    result = train(config, tmp_path / "run", "--set", "distributed.backend=nccl", nprocs=2)
+    line = one_error_line(result)
+    assert "distributed.backend = 'nccl'" in line and "use distributed.backend = gloo" in line
+
+
+def test_ranks_started_with_different_configs_are_refused_in_one_line(tmp_path):
+    """Two ranks of one job started by hand (as on two nodes) with different --set."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = write_config(tmp_path, "mismatch")
+    procs = []
+    for rank, micro in ((0, 16), (1, 32)):
+        env = child_env()
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        command = [sys.executable, "-m", "thrifty", "train", str(config)]
+        command += ["--out", str(tmp_path / "run"), "--set", f"batch.micro={micro}"]
+        procs.append(
+            subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+        )
+    errors = [p.communicate(timeout=TIMEOUT)[1] for p in procs]
+    assert [p.returncode for p in procs] == [2, 2]
+    assert "rank 1 was started with another config than rank 0: batch.micro is 32" in errors[0]
+    assert errors[1].strip() == ""  # the same error, printed by rank 0 only
+    assert not (tmp_path / "run").exists()
+
+
+def test_resuming_a_ddp_checkpoint_with_another_world_size_is_refused_in_one_line(tmp_path):
+    config = write_config(tmp_path, "ddp", steps=4, every=2, micro=16, effective=64)
+    out = tmp_path / "run"
+    ok(train(config, out, nprocs=2))
+    (out / "summary.json").unlink()
+    line = one_error_line(train(config, out, "--steps", "8"))
+    assert "written by 2 process(es) and this run has 1" in line
+    assert "distributed.strategy = fsdp" in line
