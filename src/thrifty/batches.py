@@ -63,6 +63,13 @@ def window_counts(window: Sequence[Any]) -> tuple[list[int], list[int]]:
     return [count_samples(b) for b in window], [count_tokens(b) for b in window]
 
 
+def uses_tokens(window: Sequence[Any], normalize: str) -> bool:
+    """Whether the window's losses are weighted by tokens (else by samples)."""
+    return normalize == "tokens" or (
+        normalize == "auto" and all(isinstance(b, Mapping) and "loss_mask" in b for b in window)
+    )
+
+
 def loss_weights(
     window: Sequence[Any],
     normalize: str,
@@ -82,9 +89,7 @@ def loss_weights(
     sum by `world_size`), so each weight is the batch's share of the global window times
     `world_size`, and the averaged gradient is again that of one big batch.
     """
-    use_tokens = normalize == "tokens" or (
-        normalize == "auto" and all(isinstance(b, Mapping) and "loss_mask" in b for b in window)
-    )
+    use_tokens = uses_tokens(window, normalize)
     samples, tokens = counts or window_counts(window)
     counts_used = tokens if use_tokens else samples
     if totals is None:

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
 )
 
 EXIT_USAGE = 2
+RANK0_GRACE_SECONDS = 5.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -91,6 +92,11 @@ def _report(exc: ThriftyError) -> None:
         print(f"thrifty: error: {exc}", file=sys.stderr)
     elif not isinstance(exc, ConfigError) and not getattr(exc, "reported_by_rank0", False):
         print(f"thrifty: error: rank {rank}: {exc}", file=sys.stderr)
+    else:
+        # A launcher stops every rank once one has exited: leave rank 0 the time to say it.
+        import time
+
+        time.sleep(RANK0_GRACE_SECONDS)
 
 
 if __name__ == "__main__":

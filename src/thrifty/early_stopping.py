@@ -51,6 +51,9 @@ class Budget:
     max_tokens: int | None = None
     max_seconds: float | None = None
 
+    def out_of_time(self, seconds: float) -> bool:
+        return self.max_seconds is not None and seconds >= self.max_seconds
+
     def exceeded(self, steps: int, tokens: int, seconds: float) -> str | None:
         if self.max_steps is not None and steps >= self.max_steps:
             return "max_steps"

@@ -70,7 +70,9 @@ class RunMonitor:
         sampler: Any = None,
         cost: Any = None,
         budget_fraction: Any = None,
+        reduce: Any = None,  # averages a tensor over the ranks in place (several processes)
     ) -> None:
+        self.reduce = reduce
         self.metrics = metrics
         self.progress = progress
         self.timer = timer
@@ -98,10 +100,11 @@ class RunMonitor:
         if not self.pending:
             return
         pending, self.pending = self.pending, []
-        tensors = [r["loss"] for r in pending] + [
-            r["grad_norm"] for r in pending if r["grad_norm"] is not None
-        ]
-        values = torch.stack([t.float() for t in tensors]).tolist()
+        losses_t = torch.stack([r["loss"].float() for r in pending])
+        if self.reduce is not None:  # every rank's loss, averaged: one collective per flush
+            self.reduce(losses_t)
+        norms_t = [r["grad_norm"].float() for r in pending if r["grad_norm"] is not None]
+        values = torch.cat([losses_t, *(n.reshape(1) for n in norms_t)]).tolist()
         losses, norms = values[: len(pending)], iter(values[len(pending) :])
         for record, loss in zip(pending, losses, strict=True):
             record["loss"] = loss

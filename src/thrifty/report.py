@@ -33,6 +33,10 @@ def print_summary(result: Any) -> None:
         ("tokens/s", result.tokens_per_second),
         ("samples/s", result.samples_per_second),
         ("MFU", None if result.mfu is None else f"{result.mfu:.1%}"),
+        (
+            "processes",
+            f"{result.world_size} ({result.strategy})" if result.world_size > 1 else None,
+        ),
         ("precision", result.precision),
         ("num_workers", result.num_workers),
         ("stop reason", result.stop_reason),
@@ -46,6 +50,8 @@ def print_summary(result: Any) -> None:
     for name, value in rows:
         if name.startswith("token") and not result.tokens:
             continue  # not a token-based task
+        if name == "processes" and value is None:
+            continue  # one process
         table.add_row(name, _fmt(value))
     Console().print(table)
 

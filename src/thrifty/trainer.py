@@ -29,6 +29,7 @@ from thrifty.batches import (
     count_tokens,
     loss_weights,
     to_device,
+    uses_tokens,
     window_counts,
 )
 from thrifty.config import RunConfig, TrainConfig, dump_toml
@@ -334,6 +335,7 @@ class Trainer:
             sampler=sampler,
             cost=cost,
             budget_fraction=fraction_done,
+            reduce=self.dist.mean_ if self.dist.enabled else None,
         )
 
     def _diagnose(self, monitor: RunMonitor) -> Any:
@@ -525,7 +527,7 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         timer.mark("optimizer")
-        return self.dist.mean_(window_loss), grad_norm
+        return window_loss, grad_norm  # this rank's; averaged over ranks when logged
 
     def fit(self) -> FitResult:
         """Train until a budget, the data (run.max_epochs), early stopping or a preemption
@@ -553,17 +555,23 @@ class Trainer:
                     counts = window_counts(window)
                     samples, tokens = sum(counts[0]), sum(counts[1])
                     totals = None
-                    if self.dist.enabled:  # the window over all ranks: weights and counters
-                        samples, tokens = totals = tuple(self.dist.sum_ints([samples, tokens]))
+                    if self.dist.enabled and uses_tokens(window, cfg.batch.normalize):
+                        # Token weights need the window's tokens over all ranks before backward.
+                        totals = tuple(self.dist.sum_ints([samples, tokens]))
                     loss, grad_norm = self._train_step(window, counts, timer, totals)
-                    self._advance(samples, tokens, seconds_before + time.perf_counter() - started)
-                    reason = budget.exceeded(self.state.step, self.state.tokens, self.state.seconds)
-                    preempted, due = guard.preempted, reason is None and guard.due(self.state.step)
-                    if self.dist.enabled:  # a decision one rank takes, every rank takes
-                        time_up, preempted, due = self.dist.any_of(
-                            reason == "max_time", preempted, due
+                    seconds = seconds_before + time.perf_counter() - started
+                    preempted, due = guard.preempted, guard.due(self.state.step + 1)
+                    time_up = False
+                    if self.dist.enabled:  # one agreement per step: counts, and any rank's say
+                        agreed = self.dist.sum_ints(
+                            [samples, tokens, preempted, budget.out_of_time(seconds), due]
                         )
-                        reason = reason or ("max_time" if time_up else None)
+                        samples, tokens = totals or agreed[:2]
+                        preempted, time_up, due = (n > 0 for n in agreed[2:])
+                    self._advance(samples, tokens, seconds)
+                    reason = budget.exceeded(self.state.step, self.state.tokens, self.state.seconds)
+                    if time_up and reason is None:  # another rank's clock ran out first
+                        reason = "max_time"
                     if self.val_data is not None and (
                         self.state.step % cfg.eval.every == 0 or reason
                     ):

@@ -32,23 +32,34 @@ _METADATA = ".metadata"
 # --- tensors to DCP, the rest to state.pt -------------------------------------------------------
 
 
+_NOTHING: Any = type("Nothing", (), {"__repr__": lambda self: "<nothing>"})()
+
+
 def split_tensors(tree: Any) -> tuple[Any, Any]:
-    """(the tensors of a nested dict, everything else), each keeping the nesting; None if empty."""
+    """(the tensors of a nested dict, everything else), each keeping the nesting.
+
+    A part with nothing in it is None at the top level (plain values such as None inside the
+    tree are kept as they are)."""
+    tensors, rest = _split(tree)
+    return (None if tensors is _NOTHING else tensors), (None if rest is _NOTHING else rest)
+
+
+def _split(tree: Any) -> tuple[Any, Any]:
     if isinstance(tree, torch.Tensor):
-        return tree, None
-    if isinstance(tree, Mapping):
-        tensors: dict[Any, Any] = {}
-        rest: dict[Any, Any] = {}
-        for key, value in tree.items():
-            t, r = split_tensors(value)
-            if t is not None:
-                tensors[key] = t
-            if r is not None:
-                rest[key] = r
-        if not tree:
-            return None, {}  # an empty dict is a value (e.g. an optimizer state with no entries)
-        return tensors or None, rest or None
-    return None, tree
+        return tree, _NOTHING
+    if not isinstance(tree, Mapping):
+        return _NOTHING, tree
+    if not tree:
+        return _NOTHING, {}  # an empty dict is a value (a parameter with no optimizer state)
+    tensors: dict[Any, Any] = {}
+    rest: dict[Any, Any] = {}
+    for key, value in tree.items():
+        t, r = _split(value)
+        if t is not _NOTHING:
+            tensors[key] = t
+        if r is not _NOTHING:
+            rest[key] = r
+    return (tensors or _NOTHING), (rest or _NOTHING)
 
 
 def merge_tensors(tensors: Any, rest: Any) -> Any:
@@ -59,7 +70,7 @@ def merge_tensors(tensors: Any, rest: Any) -> Any:
         return tensors
     merged = dict(rest)
     for key, value in tensors.items():
-        merged[key] = merge_tensors(value, rest.get(key))
+        merged[key] = merge_tensors(value, rest[key]) if key in rest else value
     return merged
 
 
@@ -129,6 +140,10 @@ _ALLOWED_GLOBALS = {
 }
 
 
+class _Refused(pickle.UnpicklingError):
+    """A global outside the allow-list: refused before it is imported."""
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         allowed = (
@@ -137,7 +152,7 @@ class _MetadataUnpickler(pickle.Unpickler):
             or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
         )
         if not allowed:
-            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed")
+            raise _Refused(f"global {module}.{name} is not allowed")
         return super().find_class(module, name)
 
 
@@ -152,11 +167,11 @@ def read_metadata_safely(path: str) -> Metadata:
         ) from None
     try:
         metadata = _MetadataUnpickler(io.BytesIO(data)).load()
-    except pickle.UnpicklingError as exc:
+    except _Refused as exc:
         raise UnsafeCheckpointError(
             f"refusing to read {path}: {exc}; thrifty never executes code from a checkpoint"
         ) from None
-    except (EOFError, ValueError, TypeError, AttributeError) as exc:
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as exc:
         raise CorruptCheckpointError(f"{path} is not a readable DCP index ({exc})") from None
     if not isinstance(metadata, Metadata):
         raise CorruptCheckpointError(f"{path} holds a {type(metadata).__name__}, not a DCP index")
