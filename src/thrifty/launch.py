@@ -38,11 +38,13 @@ def strip_nprocs(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def threads_per_process(nprocs: int) -> int:
-    """CPU threads each process gets so that together they use the machine once over."""
-    from thrifty.loading import available_cpus
+def threads_per_process(nprocs: int, cpus: int | None = None) -> int:
+    """CPU threads each process gets so that together they use the machine (or `cpus`) once."""
+    if cpus is None:
+        from thrifty.loading import available_cpus
 
-    return max(1, available_cpus() // nprocs)
+        cpus = available_cpus()
+    return max(1, cpus // nprocs)
 
 
 def launch(nprocs: int, argv: Sequence[str]) -> int:

@@ -114,11 +114,6 @@ def load_fsdp_state(
     )
 
 
-def full_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    """Each parameter's and buffer's unsharded shape (a DTensor's shape is the global one)."""
-    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
-
-
 # --- resume in a job of several processes --------------------------------------------------------
 
 
@@ -154,8 +149,7 @@ def local_checkpoint_folder(guard: Any, ref: Any) -> str:
     """On rank 0: the verified local folder of the checkpoint `ref` points at, for every rank
     to read. A URL must be resumed through checkpoint.location (downloaded into local_dir)."""
     from thrifty.checkpoint import CheckpointInfo
-    from thrifty.checkpoint.loading import _not_a_checkpoint
-    from thrifty.checkpoint.manifest import read_manifest, verify_dir
+    from thrifty.checkpoint.loading import verified_folder
     from thrifty.checkpoint.storage import is_remote, redact
 
     if isinstance(ref, CheckpointInfo):
@@ -166,12 +160,7 @@ def local_checkpoint_folder(guard: Any, ref: Any) -> str:
             f"checkpoint.resume = {redact(ref)} cannot be read by several processes: set "
             "checkpoint.location to the run's checkpoint URL and checkpoint.resume = auto"
         )
-    folder = os.path.abspath(os.path.expanduser(ref.rstrip("/")))
-    manifest = read_manifest(folder, where=folder)
-    if manifest is None:
-        raise ConfigError(_not_a_checkpoint(folder))
-    verify_dir(folder, manifest, where=folder)
-    return folder
+    return verified_folder(ref)[0]
 
 
 def read_checkpoint_folder(d: Distributed, folder: str) -> dict[str, Any]:
@@ -233,26 +222,12 @@ def load_sharded(
         shard_shapes,
         split_tensors,
     )
+    from thrifty.spot import check_compatible, shapes
 
-    fix = "resume with the config that wrote it, or start fresh with another --out"
     saved = {
         k[len("model.") :]: v for k, v in shard_shapes(folder).items() if k.startswith("model.")
     }
-    current = full_shapes(model)
-    for key in sorted(set(saved) | set(current)):
-        if key not in saved or key not in current:
-            where = "only in the checkpoint" if key in saved else "only in this model"
-            raise ConfigError(f"the checkpoint is for another model: {key} is {where}: {fix}")
-        if saved[key] != current[key]:
-            raise ConfigError(
-                f"the checkpoint is for another model: {key} is {saved[key]} there and "
-                f"{current[key]} here: {fix}"
-            )
-    if state["effective_batch"] != effective_batch:
-        raise ConfigError(
-            f"the checkpoint was trained with an effective batch of {state['effective_batch']}, "
-            f"this run has {effective_batch}: resuming would change the optimization; {fix}"
-        )
+    check_compatible(saved, shapes(model.state_dict()), state["effective_batch"], effective_batch)
     tensors, _ = split_tensors(fsdp_state(model, optimizer))  # the optimizer state initialized
     read_shards(tensors, folder, d.control)
     load_fsdp_state(model, optimizer, merge_tensors(tensors, state.get("sharded")))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 from thrifty.checkpoint import CheckpointInfo, CheckpointManager
 from thrifty.checkpoint.storage import is_remote, redact
 from thrifty.config import CheckpointConfig, SpotConfig, parse_duration
-from thrifty.errors import ThriftyError
+from thrifty.errors import ConfigError, ThriftyError
 from thrifty.preemption import PreemptionWatcher
 
 if TYPE_CHECKING:
-    from torch import nn
+    pass
 
 log = logging.getLogger("thrifty")
 
@@ -82,7 +83,6 @@ class SpotGuard:
         self.config = checkpoint
         default = str(run_dir / "checkpoints")
         location = checkpoint.location or default
-        self.writes = writes
         self._manager: CheckpointManager | None = None
         if writes:
             self._manager = CheckpointManager(
@@ -249,25 +249,34 @@ class SpotGuard:
             log.warning("checkpoint error while stopping: %s", exc)
 
 
-def check_compatible(model: nn.Module, state: dict[str, Any], effective_batch: int) -> None:
-    """Raise a one-line error saying what differs between a checkpoint and this run."""
+def shapes(tensors: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape by name (a DTensor's is the global, unsharded one)."""
+    return {name: tuple(t.shape) for name, t in tensors.items()}
+
+
+def check_compatible(
+    saved: Mapping[str, tuple[int, ...]],
+    current: Mapping[str, tuple[int, ...]],
+    saved_effective_batch: int,
+    effective_batch: int,
+) -> None:
+    """Raise a one-line error saying what differs between a checkpoint's model (parameter
+    shapes by name) and effective batch and this run's."""
     fix = "resume with the config that wrote it, or start fresh with another --out"
-    saved = state["model"]
-    current = model.state_dict()
     for key in sorted(set(saved) | set(current)):
         if key not in current or key not in saved:
             where = "only in the checkpoint" if key in saved else "only in this model"
-            raise ThriftyError(
+            raise ConfigError(
                 f"the checkpoint is for another model: parameter {key} is {where}: {fix}"
             )
-        if tuple(saved[key].shape) != tuple(current[key].shape):
-            raise ThriftyError(
-                f"the checkpoint is for another model: {key} is {tuple(saved[key].shape)} there and "
-                f"{tuple(current[key].shape)} here: {fix}"
+        if saved[key] != current[key]:
+            raise ConfigError(
+                f"the checkpoint is for another model: {key} is {saved[key]} there and "
+                f"{current[key]} here: {fix}"
             )
-    if state["effective_batch"] != effective_batch:
-        raise ThriftyError(
-            f"the checkpoint was trained with an effective batch of {state['effective_batch']}, this "
+    if saved_effective_batch != effective_batch:
+        raise ConfigError(
+            f"the checkpoint was trained with an effective batch of {saved_effective_batch}, this "
             f"run has {effective_batch}: resuming would change the optimization; {fix}"
         )
 

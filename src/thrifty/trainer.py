@@ -67,7 +67,7 @@ from thrifty.rundir import (
     write_json,
 )
 from thrifty.schedule import build_scheduler, scaled_lr
-from thrifty.spot import SpotGuard, check_compatible, remove_local_checkpoints
+from thrifty.spot import SpotGuard, check_compatible, remove_local_checkpoints, shapes
 
 log = logging.getLogger("thrifty")
 
@@ -839,7 +839,12 @@ class Trainer:
                 raise ThriftyError("an FSDP state needs its checkpoint folder to read shards from")
             load_sharded(self.model, self.optimizer, state, shards, self.effective_batch, d)
         else:
-            check_compatible(self.model, state, self.effective_batch)
+            check_compatible(
+                shapes(state["model"]),
+                shapes(self.model.state_dict()),
+                state["effective_batch"],
+                self.effective_batch,
+            )
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -241,16 +241,9 @@ def _steps_logged(run: Path) -> int:
         return 0
 
 
-@pytest.mark.parametrize(("strategy", "signalled_rank"), [("ddp", 1), ("fsdp", 0)])
-def test_sigterm_to_one_rank_checkpoints_every_rank_and_the_rerun_resumes_exactly(
-    tmp_path, strategy, signalled_rank
-):
-    steps = 24
-    config = write_config(tmp_path, strategy, strategy=strategy, steps=steps, ms=1.0)
-    reference = tmp_path / "reference"
-    ok(train(config, reference, nprocs=2))
-
-    out = tmp_path / "preempted"
+def sigterm_after(config: Path, out: Path, steps: int, rank: int | None) -> tuple[int, str, str]:
+    """Train on 2 processes, SIGTERM `rank` (None: the launcher) once `steps` steps are logged,
+    and wait, bounded, for the job to end. Returns its exit code, stdout and stderr."""
     command = [sys.executable, "-m", "thrifty", "train", str(config), "--out", str(out)]
     launcher = subprocess.Popen(
         [*command, "--nprocs", "2"],
@@ -262,15 +255,30 @@ def test_sigterm_to_one_rank_checkpoints_every_rank_and_the_rerun_resumes_exactl
     )
     try:
         deadline = time.monotonic() + TIMEOUT
-        while _steps_logged(out) < 4:
+        while _steps_logged(out) < steps:
             assert launcher.poll() is None and time.monotonic() < deadline, "run ended early"
             time.sleep(0.05)
-        os.kill(_rank_pid(launcher, signalled_rank), signal.SIGTERM)
+        pid = launcher.pid if rank is None else _rank_pid(launcher, rank)
+        os.kill(pid, signal.SIGTERM)
         stdout, stderr = launcher.communicate(timeout=TIMEOUT)  # none hangs: bounded wait
     finally:
         if launcher.poll() is None:
             launcher.kill()
-    assert launcher.returncode == 75, stdout[-2000:] + stderr[-2000:]
+    return launcher.returncode, stdout, stderr
+
+
+@pytest.mark.parametrize(("strategy", "signalled_rank"), [("ddp", 1), ("fsdp", 0)])
+def test_sigterm_to_one_rank_checkpoints_every_rank_and_the_rerun_resumes_exactly(
+    tmp_path, strategy, signalled_rank
+):
+    steps = 24
+    config = write_config(tmp_path, strategy, strategy=strategy, steps=steps, ms=1.0)
+    reference = tmp_path / "reference"
+    ok(train(config, reference, nprocs=2))
+
+    out = tmp_path / "preempted"
+    code, stdout, stderr = sigterm_after(config, out, 4, signalled_rank)
+    assert code == 75, stdout[-2000:] + stderr[-2000:]
     stopped_at = _steps_logged(out)
     assert 4 <= stopped_at < steps
     assert newest_checkpoint(out).name == f"step-{stopped_at:08d}"
@@ -285,26 +293,8 @@ def test_sigterm_to_one_rank_checkpoints_every_rank_and_the_rerun_resumes_exactl
 def test_sigterm_to_the_launcher_reaches_every_rank_and_ends_with_the_resumable_code(tmp_path):
     config = write_config(tmp_path, "ddp", strategy="ddp", steps=400, ms=1.0)
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "thrifty", "train", str(config), "--out", str(out)]
-    launcher = subprocess.Popen(
-        [*command, "--nprocs", "2"],
-        cwd=REPO,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + TIMEOUT
-        while _steps_logged(out) < 3:
-            assert launcher.poll() is None and time.monotonic() < deadline, "run ended early"
-            time.sleep(0.05)
-        launcher.send_signal(signal.SIGTERM)
-        _, stderr = launcher.communicate(timeout=TIMEOUT)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-    assert launcher.returncode == 75, stderr[-3000:]
+    code, _, stderr = sigterm_after(config, out, 3, rank=None)
+    assert code == 75, stderr[-3000:]
     stopped_at = _steps_logged(out)
     assert newest_checkpoint(out).name == f"step-{stopped_at:08d}"
     assert "saving an emergency checkpoint" in stderr and "Traceback" not in stderr

@@ -114,11 +114,7 @@ def load_checkpoint(
     if ref.endswith("/" + MANIFEST):
         ref = ref[: -len(MANIFEST) - 1]
     if not is_remote(ref):
-        folder = os.path.abspath(os.path.expanduser(ref))
-        manifest = read_manifest(folder, where=folder)
-        if manifest is None:
-            raise CheckpointError(_not_a_checkpoint(folder))
-        verify_dir(folder, manifest, where=folder)
+        folder, manifest = verified_folder(ref)
         return load_state(folder, manifest, where=folder)
     storage = open_storage(ref, storage_options)
     where = redact(ref)
@@ -136,6 +132,20 @@ def load_checkpoint(
             retry.call(partial(storage.download, entry.name, path), f"load {where}")
             check_file(path, entry, where=f"{where}/{entry.name}")
         return load_state(folder, manifest, where=where)
+
+
+def verified_folder(ref: str) -> tuple[str, Manifest]:
+    """A local checkpoint folder (or its manifest.json) as an absolute path, checked against
+    its manifest, and the manifest."""
+    ref = ref.rstrip("/")
+    if ref.endswith("/" + MANIFEST):
+        ref = ref[: -len(MANIFEST) - 1]
+    folder = os.path.abspath(os.path.expanduser(ref))
+    manifest = read_manifest(folder, where=folder)
+    if manifest is None:
+        raise CheckpointError(_not_a_checkpoint(folder))
+    verify_dir(folder, manifest, where=folder)
+    return folder, manifest
 
 
 def _not_a_checkpoint(where: str) -> str:

@@ -33,6 +33,7 @@ from typing import Any
 
 from thrifty.commands.training import add_set_option
 from thrifty.errors import ConfigError, ThriftyError
+from thrifty.launch import threads_per_process
 
 DEFAULT_STEPS = 20
 GRAD_BYTES_PER_PARAM = 4  # DDP all-reduces fp32 gradients (parameters stay fp32 under autocast)
@@ -131,15 +132,9 @@ def global_batch(micro: int, effective: int | None, counts: Sequence[int]) -> in
 
 
 def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    from thrifty.loading import available_cpus as cpus  # imports torch: only when a scale runs
 
-
-def omp_threads(processes: int, cpus: int) -> int:
-    """Threads per process so that every count uses the whole machine."""
-    return max(1, cpus // processes)
+    return cpus()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -169,7 +164,7 @@ class ScalePlan:
         """OMP_NUM_THREADS for a CPU run, None where it is left alone (CUDA, or set by you)."""
         if self.device != "cpu":
             return None
-        return int(self.user_omp) if self.user_omp else omp_threads(processes, self.cpus)
+        return int(self.user_omp) if self.user_omp else threads_per_process(processes, self.cpus)
 
     def child_overrides(self, processes: int) -> list[str]:
         """The user's --set items, then what keeps the measurement clean (those win)."""
@@ -278,7 +273,7 @@ def measure_bus_bandwidth(
     code = "from thrifty.commands.scale import bus_worker; bus_worker()"
     env = dict(os.environ)
     if backend == "gloo" and "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(omp_threads(processes, available_cpus()))
+        env["OMP_NUM_THREADS"] = str(threads_per_process(processes, available_cpus()))
     what = f"measuring the all-reduce bandwidth of {processes} {backend} processes"
     with tempfile.TemporaryDirectory(prefix="thrifty-bus-") as tmp:
         argv = [sys.executable, "-c", code, "RANK", str(processes), f"{tmp}/store", str(nbytes)]
