@@ -171,11 +171,15 @@ class Trainer:
         # Under torchrun: join the process group; this rank's device is cuda:LOCAL_RANK.
         self.dist: Distributed
         self.dist, device = init_distributed(self.config.distributed, self.config.run.device)
-        check_same_config(self.dist, self.config.to_dict(secrets=False))
-        self.device = resolve_device(device)
-        self.precision: Precision = resolve_precision(self.config.precision.mode, self.device)
-        self.accumulation = self.config.batch.accumulation_steps(self.dist.world_size)
-        check_strategy(self.dist, self.precision, isinstance(optimizer, torch.optim.Optimizer))
+        try:
+            check_same_config(self.dist, self.config.to_dict(secrets=False))
+            self.device = resolve_device(device)
+            self.precision: Precision = resolve_precision(self.config.precision.mode, self.device)
+            self.accumulation = self.config.batch.accumulation_steps(self.dist.world_size)
+            check_strategy(self.dist, self.precision, isinstance(optimizer, torch.optim.Optimizer))
+        except BaseException:
+            self.dist.close()  # the caller gets no Trainer to close it with
+            raise
         self.early_stopping = EarlyStopping(
             self.config.early_stopping.patience, self.config.early_stopping.min_delta
         )
