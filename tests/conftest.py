@@ -8,6 +8,9 @@ import torch
 # Never let `spot.provider = auto` find a cloud and poll its metadata server from a test (or from
 # the training processes tests start): only servers the tests start on loopback are reached.
 os.environ["THRIFTY_SPOT_PROVIDER"] = "none"
+# A pinned peak: no fit() pays the CPU matmul benchmark, and MFU does not depend on how busy the
+# machine was while it ran. Tests of the measurement itself unset it.
+os.environ["THRIFTY_PEAK_TFLOPS"] = "1"
 
 
 @pytest.fixture(autouse=True)

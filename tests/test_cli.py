@@ -152,3 +152,43 @@ def test_importing_thrifty_stays_cheap():
     code = "import sys, thrifty, thrifty.cli; thrifty.cli.build_parser(); print('torch' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_a_run_starts_again_from_its_saved_config_toml(capsys, tmp_path, monkeypatch):
+    from thrifty.config import load_config
+
+    monkeypatch.chdir(REPO)
+    first, second = tmp_path / "first", tmp_path / "second"
+    quick = ["--steps", "2", "--set", "eval.batches=2"]
+    code, _, err = run_cli(capsys, "train", "examples/mlp.toml", "--out", str(first), *quick)
+    assert code == 0, err
+    saved = first / "config.toml"
+    expected = [("run.out", str(first)), ("run.max_steps", 2), ("eval.batches", 2)]
+    assert load_config(saved) == load_config("examples/mlp.toml", expected)
+    code, _, err = run_cli(capsys, "train", str(saved), "--out", str(second))
+    assert code == 0, err
+    assert json.loads((second / "summary.json").read_text())["steps"] == 2
+
+
+def test_allow_config_change_flag_sets_the_run_setting(user_project):
+    from thrifty.cli import build_parser
+    from thrifty.commands.training import _overrides
+    from thrifty.config import load_config
+
+    args = build_parser().parse_args(["train", str(user_project), "--allow-config-change"])
+    assert load_config(args.config, _overrides(args)).run.allow_config_change is True
+    args = build_parser().parse_args(["train", str(user_project)])
+    assert load_config(args.config, _overrides(args)).run.allow_config_change is False
+
+
+def test_error_lines_never_show_credentials(capsys, user_project):
+    code, _, err = run_cli(
+        capsys,
+        "train",
+        str(user_project),
+        "--set",
+        "checkpoint.every=s3://AKIAIOSFODNN7EXAMPLE:hunter2@b",
+    )
+    assert code == 2
+    assert err.startswith("thrifty: error: checkpoint.every = 's3://b' is invalid")
+    assert "hunter2" not in err and "AKIAIOSFODNN7EXAMPLE" not in err

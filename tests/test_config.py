@@ -113,3 +113,122 @@ def test_accumulation_must_divide_across_processes():
 )
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
+
+
+# --------------------------------------------------------------------------------------------
+# config.toml round-trips: a seeded generator of valid configs with awkward values
+
+ODD_CHARS = ["a", "Z", "0", " ", ".", "=", "#", "[", "]", '"', "'", "\\", "\n", "\t", "\r"]
+ODD_CHARS += ["\x00", "\x1f", "\x7f", "é", "日本", "😀", "\u2028", "-", "_", "{", "}", ","]
+
+
+def odd_string(rng, min_len=0):
+    return "".join(rng.choice(ODD_CHARS) for _ in range(rng.randint(min_len, 8)))
+
+
+def odd_float(rng):
+    return rng.choice([1e-8, 0.1, 1e300, 5e-324, 0.0, -2.5, 3.0, rng.uniform(-1e6, 1e6)])
+
+
+def odd_scalar(rng):
+    kind = rng.randrange(5)
+    if kind == 0:
+        return odd_string(rng)
+    if kind == 1:
+        return rng.randint(-(2**63), 2**63 - 1)
+    if kind == 2:
+        return odd_float(rng)
+    if kind == 3:
+        return rng.random() < 0.5
+    # TOML arrays may mix types; a list of one kind is the common case
+    return [odd_string(rng) for _ in range(rng.randint(0, 3))]
+
+
+def odd_table(rng, depth=0):
+    table = {}
+    for _ in range(rng.randint(0, 4)):
+        key = rng.choice(["a.b", "with space", "x", "", "1", "dotted.key.here"]) + odd_string(rng)
+        nested = depth < 2 and rng.random() < 0.25
+        table[key] = odd_table(rng, depth + 1) if nested else odd_scalar(rng)
+    return table
+
+
+def random_config(rng) -> TrainConfig:
+    micro = rng.randint(1, 64)
+    sections = {
+        "run": {
+            "name": odd_string(rng, 1),
+            "out": odd_string(rng, 1),
+            "seed": rng.randint(-(2**31), 2**31),
+            "max_steps": rng.randint(1, 10**9),
+            "max_time": rng.choice(["30m", "2.5h", 90, 1e-8]),
+            "deterministic": rng.random() < 0.5,
+            "progress": rng.choice(["auto", "on", "off"]),
+        },
+        "batch": {"micro": micro, "effective": micro * rng.randint(1, 8)},
+        "optimizer": {
+            "lr": rng.choice([1e-8, 3e-4, 0.1, 12.0]),
+            "betas": [rng.random() * 0.99, rng.random() * 0.99],
+            "weight_decay": rng.choice([0.0, 1e-8, 0.1]),
+        },
+        "schedule": {"warmup_steps": rng.randint(0, 1000), "min_lr_ratio": rng.random()},
+        "activation_checkpointing": {"policy": rng.choice(["off", "all", ["blocks.*", "h.[0-3]"]])},
+        "checkpoint": {
+            "location": odd_string(rng, 1),
+            "every": rng.choice(["auto", "off", "10m", rng.randint(1, 1000)]),
+            "storage_options": odd_table(rng),
+        },
+        "task": {
+            "model": "pkg.mod:factory",
+            "model_args": odd_table(rng),
+            "data_args": odd_table(rng),
+        },
+        "measure": {"sample_seconds": rng.choice([1e-8, 0.5, 2.0])},
+    }
+    return TrainConfig.from_dict(sections)
+
+
+def test_any_valid_config_written_as_toml_reads_back_equal(tmp_path):
+    import random
+
+    from thrifty.config import dump_toml
+
+    rng = random.Random(20240601)
+    path = tmp_path / "config.toml"
+    for _ in range(300):
+        config = random_config(rng)
+        path.write_text(dump_toml(config.to_dict()), encoding="utf-8")
+        assert load_config(path) == config, path.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "model_args",
+    [
+        {"a.b": 1},  # a dotted key is one key, not a nested table
+        {"with space": "x"},
+        {"text": 'line one\nline "two" \\ three'},
+        {"nested": {"a.b": {"c d": [1, 2]}}},
+    ],
+)
+def test_keys_and_strings_toml_cannot_write_bare_read_back_as_written(tmp_path, model_args):
+    from thrifty.config import dump_toml
+
+    config = build(task={"model": "m:f", "model_args": model_args})
+    path = tmp_path / "config.toml"
+    path.write_text(dump_toml(config.to_dict()), encoding="utf-8")
+    assert load_config(path).task.model_args == model_args
+
+
+def test_the_config_changes_history_in_config_toml_is_not_a_setting(tmp_path):
+    from thrifty.config import dump_toml
+
+    config = build(optimizer={"lr": 0.01})
+    history = [{"step": 5, "key": "optimizer.lr", "kind": "optimization", "old": 3e-4, "new": 0.01}]
+    path = tmp_path / "config.toml"
+    path.write_text(dump_toml({**config.to_dict(), "config_changes": history}))
+    assert load_config(path) == config
+
+
+def test_allow_config_change_is_a_run_setting():
+    assert build().run.allow_config_change is False
+    assert build(run={"max_steps": 1, "allow_config_change": True}).run.allow_config_change

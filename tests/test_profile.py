@@ -4,13 +4,12 @@ workloads whose bottleneck is known."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
 from torch import nn
 
-from helpers import TokenDataset, tiny_gpt
+from helpers import Costed, TokenDataset, VirtualClock, time_trainer_with, tiny_gpt
 from thrifty import Trainer
 from thrifty.cli import main
 from thrifty.config import TrainConfig
@@ -40,14 +39,16 @@ def cfg(tmp_path, steps=8, **sections) -> TrainConfig:
 
 
 def test_every_step_records_a_breakdown_that_adds_up_to_the_step(tmp_path):
-    result = Trainer(tiny_gpt(), TokenDataset(), cfg(tmp_path)).fit()
+    trainer = Trainer(tiny_gpt(), TokenDataset(), cfg(tmp_path, measure={"peak_tflops": 2.0}))
+    result = trainer.fit()
     steps = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
     assert len(steps) == 8
     for r in steps:
         assert set(r["breakdown"]) == PHASES
         assert sum(r["breakdown"].values()) == pytest.approx(r["step_seconds"], rel=1e-6)
         assert r["breakdown"]["backward"] > 0 and r["breakdown"]["forward"] > 0
-    assert 0 < result.mfu < 1
+    # MFU: the model's FLOPs per step over the mean step, against the peak given
+    assert result.mfu == pytest.approx(trainer.flops.flops / result.step_seconds / 2e12)
     assert any("mfu" in r for r in steps)
 
 
@@ -90,16 +91,21 @@ def test_trace_writes_a_profiler_trace(tmp_path):
 
 
 # --- workloads with a known bottleneck ----------------------------------------------------
+# Timed on a VirtualClock (see helpers): each workload says what its data and its compute cost,
+# the Trainer measures it as it would a real one, and the verdict is the same on any machine.
 
 
 class SlowItems(torch.utils.data.Dataset):
-    """Each item takes 20 ms to produce (a slow disk, a heavy decode)."""
+    """Each item takes 20 ms to produce (a slow disk, a heavy decode), waiting, not computing."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
 
     def __len__(self) -> int:
         return 512
 
     def __getitem__(self, i: int):
-        time.sleep(0.02)
+        self.clock.advance(0.0, wall=0.02)
         return torch.randn(16), torch.randn(1)
 
 
@@ -126,9 +132,9 @@ class TinyOps(nn.Module):
 
 
 class BigMatmuls(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, width: int) -> None:
         super().__init__()
-        self.net = nn.Sequential(*(nn.Linear(1024, 1024, bias=False) for _ in range(4)))
+        self.net = nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(4)))
 
     def forward(self, x, y):
         return ((self.net(x).sum(1, keepdim=True) - y) ** 2).mean()
@@ -146,33 +152,54 @@ class Vectors(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 
-def diagnose(tmp_path, model, data, micro, steps=6):
+def diagnosed(tmp_path, model, data, micro, steps=6):
+    """The trained Trainer, its diagnosis set; the peak is 1 TFLOP/s."""
     config = cfg(
         tmp_path,
         steps=steps,
         batch={"micro": micro},
         precision={"mode": "fp32"},
         optimizer={"name": "sgd", "lr": 1e-3},
+        measure={"peak_tflops": 1.0},
     )
     trainer = Trainer(model, data, config)
     trainer.fit()
-    return trainer.diagnosis
+    return trainer
 
 
-def test_slow_items_are_diagnosed_as_data_loading(tmp_path):
-    d = diagnose(tmp_path, Regressor(16), SlowItems(), micro=8)
+def test_slow_items_are_diagnosed_as_data_loading(tmp_path, monkeypatch):
+    clock = VirtualClock()
+    time_trainer_with(monkeypatch, clock)
+    model = Costed(Regressor(16), clock, forward=0.5e-3, backward=1e-3)
+    d = diagnosed(tmp_path, model, SlowItems(clock), micro=8).diagnosis
     assert d.bottleneck == "data_loading"
+    assert d.breakdown["data_wait"] == pytest.approx(0.160 / 0.1615)  # 8 items x 20 ms a batch
     assert d.recommendations[0].area == "data" and "num_workers" in d.recommendations[0].text
 
 
-def test_many_tiny_ops_are_diagnosed_as_overhead_bound(tmp_path):
-    d = diagnose(tmp_path, TinyOps(), Vectors(4), micro=2)
+def test_many_tiny_ops_are_diagnosed_as_overhead_bound(tmp_path, monkeypatch):
+    clock = VirtualClock()
+    time_trainer_with(monkeypatch, clock)
+    model = Costed(TinyOps(), clock, forward=0.75e-3, backward=1.5e-3)  # 5 and 10 µs a layer
+    d = diagnosed(tmp_path, model, Vectors(4), micro=2).diagnosis
     assert d.bottleneck == "overhead_bound"
+    assert d.measured.seconds_per_op == pytest.approx(2.25e-3 / d.measured.aten_ops_per_step)
 
 
-def test_big_matmuls_are_diagnosed_as_compute_bound(tmp_path):
-    d = diagnose(tmp_path, BigMatmuls(), Vectors(1024), micro=256, steps=4)
+def test_big_matmuls_are_compute_bound_on_a_machine_busy_with_other_work(tmp_path, monkeypatch):
+    """Compute runs at half the peak while the run holds the core; a neighbour holds it 3/4 of
+    the time, so the wall clock says an eighth. Judged on the time it held, it is compute-bound."""
+    clock = VirtualClock()
+    time_trainer_with(monkeypatch, clock)
+    width, micro = 256, 64
+    forward_flops = 2 * micro * width * width * 4
+    held = forward_flops / 0.5e12  # seconds of forward at half of the 1 TFLOP/s peak
+    model = Costed(BigMatmuls(width), clock, forward=held, backward=2 * held, slowdown=4.0)
+    trainer = diagnosed(tmp_path, model, Vectors(width), micro=micro, steps=4)
+    d = trainer.diagnosis
     assert d.bottleneck == "compute_bound", d.evidence
+    assert d.measured.compute_mfu == pytest.approx(trainer.flops.flops / (3 * held) / 1e12)
+    assert d.mfu == pytest.approx(trainer.flops.flops / (4 * 3 * held) / 1e12)  # the wall's
 
 
 # --- the command ------------------------------------------------------------------------------

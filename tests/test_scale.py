@@ -401,7 +401,9 @@ def test_scale_runs_one_and_two_processes_end_to_end(tmp_path):
     report = json.loads(as_json.stdout)
     assert [c["processes"] for c in report["counts"]] == [1, 2]
     for count in report["counts"]:
-        assert 0 < count["efficiency"] < 1.5
+        # measured on a shared machine: how each figure follows from the rates, not their size
+        assert count["speedup"] > 0
+        assert count["efficiency"] == pytest.approx(count["speedup"] / count["processes"])
         assert 0 < count["predicted_efficiency"] <= 1
     assert report["counts"][1]["strategy"] == "ddp"
     assert report["counts"][1]["bus_gbs"] > 0

@@ -105,11 +105,20 @@ def test_run_directory_holds_config_metrics_and_summary(tmp_path):
 def test_a_directory_with_a_run_is_not_overwritten_unless_asked(tmp_path):
     data = TokenDataset(n=32)
     Trainer(tiny_gpt(), data, cfg(tmp_path)).fit()
-    with pytest.raises(
-        ThriftyError, match="holds a finished run.*another --out.*run.overwrite = true"
-    ):
+    # Written for the Python API: no CLI flags in the way out.
+    with pytest.raises(ThriftyError) as caught:
         Trainer(tiny_gpt(), data, cfg(tmp_path)).fit()
+    message = str(caught.value)
+    assert "holds a finished run" in message and "RunConfig(overwrite=True)" in message
+    assert "--" not in message
     Trainer(tiny_gpt(), data, cfg(tmp_path, run={"overwrite": True})).fit()
+
+
+def test_a_second_fit_on_one_trainer_says_to_build_a_new_one(tmp_path):
+    trainer = Trainer(tiny_gpt(), TokenDataset(n=32), cfg(tmp_path))
+    trainer.fit()
+    with pytest.raises(ThriftyError, match="fit\\(\\) already ran on this Trainer"):
+        trainer.fit()
 
 
 def test_early_stopping_ends_a_run_that_stopped_improving(tmp_path):

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from thrifty.errors import ConfigError, ThriftyError
+from thrifty.redact import redact_text
 
 # Modules that contribute subcommands, in the order `thrifty --help` lists them.
 COMMAND_MODULES = (
@@ -58,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not _lost_a_rank(exc):
             raise
         rank = os.environ.get("RANK", "0")
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = redact_text(str(exc)).strip()
+        first = text.splitlines()[0] if text else type(exc).__name__
         print(
             f"thrifty: error: rank {rank} lost contact with another rank ({first[:200]}); "
             "the first error above is the cause",
@@ -85,13 +87,15 @@ def _lost_a_rank(exc: BaseException) -> bool:
 
 
 def _report(exc: ThriftyError) -> None:
-    """One line on stderr. In a job of several processes, an error every rank raises alike (a
-    config error, or one rank 0 shared) is printed by rank 0 only; others name their rank."""
+    """One line on stderr, secrets redacted. In a job of several processes, an error every rank
+    raises alike (a config error, or one rank 0 shared) is printed by rank 0 only; others name
+    their rank."""
     rank = os.environ.get("RANK", "0")
+    message = redact_text(str(exc))
     if rank == "0":
-        print(f"thrifty: error: {exc}", file=sys.stderr)
+        print(f"thrifty: error: {message}", file=sys.stderr)
     elif not isinstance(exc, ConfigError) and not getattr(exc, "reported_by_rank0", False):
-        print(f"thrifty: error: rank {rank}: {exc}", file=sys.stderr)
+        print(f"thrifty: error: rank {rank}: {message}", file=sys.stderr)
     else:
         # A launcher stops every rank once one has exited: leave rank 0 the time to say it.
         import time

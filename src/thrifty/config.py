@@ -78,6 +78,9 @@ class RunConfig:
     max_epochs: int | None = None
     log_every: int = 10  # steps between metric flushes (one host sync each)
     progress: Literal["auto", "on", "off"] = "auto"
+    # On a resume, apply changes to the optimization (learning rate, schedule, optimizer, seed,
+    # precision, batch, task) instead of refusing them; see thrifty.config_changes.
+    allow_config_change: bool = False
 
     def __post_init__(self) -> None:
         s = self.SECTION
@@ -311,15 +314,20 @@ class CheckpointConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SpotConfig:
-    """Where preemption notices come from (SIGTERM and SIGINT are always watched)."""
+    """Where preemption notices come from: a cloud's metadata service and these signals."""
 
     SECTION: ClassVar[str] = "spot"
     provider: Literal["auto", "aws", "gcp", "azure", "none"] = "auto"
     metadata_url: str | None = None  # override the provider's metadata base URL
     poll_seconds: float | None = None  # default: the provider's recommended rate
+    # Each one saves an emergency checkpoint and exits 75; SIGUSR1 is Slurm's --signal=USR1@N.
+    signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1"])
 
     def __post_init__(self) -> None:
         _positive(self.SECTION, "poll_seconds", self.poll_seconds)
+        from thrifty.preemption import parse_signals
+
+        parse_signals(self.signals, f"{self.SECTION}.signals")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -369,11 +377,12 @@ class TaskConfig:
     val_data: str | None = None  # () -> Dataset
     optimizer: str | None = None  # (model) -> Optimizer
     loss_fn: str | None = None  # (output, batch) -> loss
+    collate_fn: str | None = None  # (list of samples) -> batch, the DataLoader's collate_fn
     model_args: dict[str, Any] = field(default_factory=dict)
     data_args: dict[str, Any] = field(default_factory=dict)  # passed to both data factories
 
     def __post_init__(self) -> None:
-        for key in ("model", "train_data", "val_data", "optimizer", "loss_fn"):
+        for key in ("model", "train_data", "val_data", "optimizer", "loss_fn", "collate_fn"):
             value = getattr(self, key)
             if value is not None and not re.fullmatch(r"[\w.]+:[\w.]+", value):
                 _fail(self.SECTION, key, value, "use an import path like 'package.module:factory'")
@@ -409,8 +418,9 @@ class TrainConfig:
     def to_dict(self, secrets: bool = True) -> dict[str, Any]:
         """Plain nested dict (None values dropped), suitable for TOML.
 
-        With `secrets=False` (what is written to disk) storage credentials are left out and
-        URLs lose any user:password part.
+        With `secrets=False` (what is written to disk) the dict goes through
+        `thrifty.redact.redact_value`: storage_options are left out, URLs lose any
+        user:password part and signed query values, and secret-named values are masked.
         """
         data = {
             f.name: {
@@ -418,13 +428,12 @@ class TrainConfig:
             }
             for f in dataclasses.fields(self)
         }
-        if not secrets:
-            ckpt = data["checkpoint"]
-            ckpt["storage_options"] = {}
-            for key in ("location", "resume"):
-                if key in ckpt:
-                    ckpt[key] = re.sub(r"(://)[^/@]*@", r"\1", ckpt[key])
-        return data
+        if secrets:
+            return data
+        from thrifty.redact import redact_value
+
+        redacted: dict[str, Any] = redact_value(data)
+        return redacted
 
     def replace(self, **overrides: str) -> TrainConfig:
         """A copy with `section.key` overrides applied, e.g. `replace(**{"batch.micro": "8"})`."""
@@ -507,6 +516,11 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
 # TOML files and overrides
 
 
+# config.toml's array of tables recording what changed on each resume (thrifty.config_changes);
+# load_config skips it, so a run's config.toml starts that run again as it is now.
+HISTORY_TABLE = "config_changes"
+
+
 def _toml_loads(text: str) -> dict[str, Any]:
     try:
         import tomllib
@@ -571,6 +585,7 @@ def load_config(
             loaded = _toml_loads(text)
         except Exception as exc:
             raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
+        loaded.pop(HISTORY_TABLE, None)  # a record of earlier resumes, not settings
         for section, table in loaded.items():
             if isinstance(table, dict) and isinstance(data.get(section), dict):
                 data[section] = {**data[section], **table}
@@ -580,24 +595,18 @@ def load_config(
 
 
 def dump_toml(data: Mapping[str, Any]) -> str:
-    """Write a nested dict of sections as TOML (the subset thrifty's config uses)."""
-    lines: list[str] = []
+    """A nested dict of sections as TOML that `load_config` reads back equal.
 
-    def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        if isinstance(v, Mapping):
-            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
-        raise TypeError(f"cannot write {v!r} as TOML")
+    TOML has no null: None values are left out, at any depth (an unset key reads back unset).
+    """
+    import tomli_w  # imported here: importing thrifty stays cheap
 
-    for section, table in data.items():
-        lines.append(f"[{section}]")
-        lines.extend(f"{k} = {value(v)}" for k, v in table.items() if v is not None)
-        lines.append("")
-    return "\n".join(lines)
+    return tomli_w.dumps(_without_none(data))
+
+
+def _without_none(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_without_none(v) for v in value]
+    return value

@@ -2,8 +2,10 @@
 dollars — and, at the end, the evidence the diagnosis reads.
 
 The train step calls `timer.mark(phase)` at each phase boundary. On CPU a mark is one clock
-read. On CUDA it records an event on the stream (no host sync); the events are resolved when
-the metrics are flushed, which already syncs once per logging interval.
+read (two marks a step also read the process's CPU time). On CUDA it records an event on the device's current stream
+(no host sync); the events are resolved when the metrics are flushed, which already syncs once
+per logging interval. Each timer also owns the wall clock the monitor measures intervals with
+and the device synchronization it uses outside the hot path (`sync()`).
 """
 
 from __future__ import annotations
@@ -20,9 +22,30 @@ from thrifty.measure.evidence import PHASES
 
 log = logging.getLogger("thrifty")
 
+Clock = Callable[[], float]  # seconds, monotonic
+# Between the data_wait and optimizer marks: what CpuTimer measures the CPU time of.
+HELD_PHASES = ("host_to_device", "forward", "backward", "optimizer")
+
 
 class NullTimer:
-    """Instrumentation off: marks cost one method call."""
+    """Instrumentation off: marks cost one method call.
+
+    `device`: the device trained on; `sync()` waits for its queued work (a CUDA device), so
+    intervals the monitor measures stay true even with the breakdown off.
+    """
+
+    device_timed = False  # True: phase seconds come from the device's own timeline
+
+    def __init__(
+        self, device: torch.device | None = None, clock: Clock = time.perf_counter
+    ) -> None:
+        self.device = device
+        self.clock = clock
+
+    def sync(self) -> None:
+        """Block until the device has finished its queued work (never called per step)."""
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def start(self) -> None:
         return None
@@ -37,49 +60,94 @@ class NullTimer:
         return None
 
     def resolve(self, raw: Any) -> dict[str, float] | None:
+        """Seconds per phase of one step, from what `finish()` returned; None when off."""
+        return None
+
+    def busy(self, raw: Any) -> dict[str, float] | None:
+        """Seconds per phase this process held the CPU, or None where that is not measured."""
         return None
 
 
 class CpuTimer(NullTimer):
-    """Wall-clock seconds per phase (CPU work is synchronous: the clock is the truth)."""
+    """Wall-clock seconds per phase (CPU work is synchronous: the clock is the truth), and the
+    process's CPU time over the step's compute, from the `data_wait` mark to the `optimizer`
+    mark (two reads a step: a CPU-time read costs a system call).
 
-    def __init__(self) -> None:
+    CPU seconds ÷ threads, as a share of that span's wall time, is how much of it the process
+    held the cores; the compute phases' wall times scaled by it are how long they would have
+    taken had no other process held them. The diagnosis judges compute on those, so a busy
+    machine does not turn a compute-bound run into a "memory-bound" one.
+    """
+
+    def __init__(
+        self,
+        clock: Clock = time.perf_counter,
+        cpu_clock: Clock = time.process_time,
+        threads: int | None = None,
+    ) -> None:
+        super().__init__(torch.device("cpu"), clock)
+        self.cpu_clock = cpu_clock
+        self.threads = threads or torch.get_num_threads()
         self._phases = dict.fromkeys(PHASES, 0.0)
         self._last = 0.0
+        self._cpu_from: float | None = None
+        self._cpu_span: float | None = None
+
+    def sync(self) -> None:
+        return None
 
     def start(self) -> None:
         self._phases = dict.fromkeys(PHASES, 0.0)
-        self._last = time.perf_counter()
+        self._cpu_from = self._cpu_span = None
+        self._last = self.clock()
 
     def mark(self, phase: str) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         self._phases[phase] += now - self._last
         self._last = now
+        if phase == "data_wait":
+            self._cpu_from = self.cpu_clock()
+        elif phase == "optimizer" and self._cpu_from is not None:
+            self._cpu_span = self.cpu_clock() - self._cpu_from
 
     def add(self, phase: str, seconds: float) -> None:
         self._phases[phase] += seconds
 
-    def finish(self) -> dict[str, float]:
-        return self._phases
+    def finish(self) -> tuple[dict[str, float], float | None]:
+        return self._phases, self._cpu_span
 
-    def resolve(self, raw: dict[str, float]) -> dict[str, float]:
-        return raw
+    def resolve(self, raw: tuple[dict[str, float], float | None]) -> dict[str, float]:
+        return dict(raw[0])
+
+    def busy(self, raw: tuple[dict[str, float], float | None]) -> dict[str, float] | None:
+        wall, cpu = raw
+        span = sum(wall[p] for p in HELD_PHASES)
+        if cpu is None or span <= 0:
+            return None
+        held = min(1.0, cpu / self.threads / span)
+        return {p: wall[p] * held for p in HELD_PHASES}
 
 
 class CudaTimer(NullTimer):
-    """GPU-timeline seconds per phase from CUDA events: a gap before `data_wait`'s event is
-    the GPU idling while the host fetched the batch."""
+    """GPU-timeline seconds per phase from CUDA events on `device`'s current stream: a gap
+    before `data_wait`'s event is the GPU idling while the host fetched the batch."""
 
-    def __init__(self) -> None:
-        self._marks: list[tuple[str, torch.cuda.Event]] = []
+    device_timed = True
+
+    def __init__(self, device: torch.device, clock: Clock = time.perf_counter) -> None:
+        super().__init__(device, clock)
+        self._stream: Any = None
+        self._marks: list[tuple[str, Any]] = []
         self._extra = dict.fromkeys(PHASES, 0.0)
 
-    def _event(self) -> torch.cuda.Event:
+    def _event(self) -> Any:
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(self._stream)
         return event
 
     def start(self) -> None:
+        # Looked up once a step, not per mark: the stream the step's kernels are queued on.
+        self._stream = torch.cuda.current_stream(self.device)
         self._marks = [("start", self._event())]
         self._extra = dict.fromkeys(PHASES, 0.0)
 
@@ -89,41 +157,63 @@ class CudaTimer(NullTimer):
     def add(self, phase: str, seconds: float) -> None:
         self._extra[phase] += seconds  # host-side time measured by the caller (a save's stall)
 
-    def finish(self) -> tuple[list[tuple[str, torch.cuda.Event]], dict[str, float]]:
+    def finish(self) -> tuple[list[tuple[str, Any]], dict[str, float]]:
         return self._marks, self._extra
 
     def resolve(self, raw: tuple[list[tuple[str, Any]], dict[str, float]]) -> dict[str, float]:
         marks, extra = raw
         phases = dict(extra)
-        marks[-1][1].synchronize()
+        marks[-1][1].synchronize()  # already complete after the flush's sync: no wait
         for (_, before), (phase, after) in zip(marks, marks[1:], strict=False):
             phases[phase] += before.elapsed_time(after) / 1e3
         return phases
 
 
-def make_timer(enabled: bool, device: torch.device) -> NullTimer:
+def make_timer(enabled: bool, device: torch.device, clock: Clock = time.perf_counter) -> NullTimer:
+    """The timer for `device`: CUDA events on a GPU, clocks on a CPU, marks that cost nothing
+    when `enabled` is False. `clock` (seconds) is the wall clock intervals are measured with."""
     if not enabled:
-        return NullTimer()
-    return CudaTimer() if device.type == "cuda" else CpuTimer()
+        return NullTimer(device, clock)
+    if device.type == "cuda":
+        return CudaTimer(device, clock)
+    return CpuTimer(clock)
 
 
 def measure_flops(
-    model: torch.nn.Module, batch: Any, call: Callable[[torch.nn.Module, Any], torch.Tensor]
+    model: torch.nn.Module,
+    batch: Any,
+    call: Callable[[torch.nn.Module, Any], torch.Tensor],
+    device: torch.device | None = None,
 ) -> Any:
     """FLOPs and aten ops of one micro-batch forward+backward, without disturbing training:
-    evaluation mode (no dropout draw, no BatchNorm update), the RNG forked, gradients cleared."""
+    evaluation mode (no dropout draw, no BatchNorm update), the RNG forked, gradients cleared.
+
+    `device`: where the model runs (default: where its first parameter is); its RNG is the one
+    forked, so a run on `cuda:1` keeps `cuda:1`'s random stream where it was.
+    """
     from thrifty.measure.flops import count_flops
 
     was_training = model.training
     model.eval()
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     try:
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=_cuda_indices(device or _model_device(model))):
             count = count_flops(lambda: call(model, batch).backward())
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was_training)
     return count
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    first = next(model.parameters(), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def _cuda_indices(device: torch.device) -> list[int]:
+    """The CUDA device whose RNG `fork_rng` must save: none for a CPU device."""
+    if device.type != "cuda":
+        return []
+    return [device.index if device.index is not None else torch.cuda.current_device()]
 
 
 @contextlib.contextmanager

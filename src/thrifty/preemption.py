@@ -1,4 +1,7 @@
-"""Preemption: SIGTERM, SIGINT and cloud spot-interruption notices all raise one flag.
+"""Preemption: SIGTERM, SIGINT, SIGUSR1 and cloud spot-interruption notices all raise one flag.
+
+The signals watched are configurable (`spot.signals`): SIGUSR1 is what Slurm sends ahead of a
+job's time limit with `--signal=USR1@120`.
 
 The training loop reads `watcher.requested` once per step (a plain attribute read). When it is
 set, the loop saves an emergency checkpoint at the step boundary, waits for the upload up to a
@@ -25,8 +28,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from thrifty.errors import ConfigError
 
@@ -41,6 +45,31 @@ DMI_DIR = "/sys/class/dmi/id"
 _AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
 # After this many failed polls in a row the watcher says once that notices are not seen.
 _FAILURES_BEFORE_WARNING = 3
+# The termination signals of schedulers and launchers: SIGTERM (Kubernetes, torchrun, spot
+# shutdown), SIGINT (Ctrl-C), SIGUSR1 (Slurm's `--signal=USR1@<seconds>` warning).
+DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
+_UNCATCHABLE = ("SIGKILL", "SIGSTOP")
+
+
+def parse_signals(names: Sequence[str], where: str = "spot.signals") -> tuple[signal.Signals, ...]:
+    """The signals named (like "SIGTERM", "SIGUSR1"); one line naming `where` for a bad name."""
+
+    def fail(why: str) -> NoReturn:
+        raise ConfigError(
+            f"{where} = {list(names)!r} is invalid: {why}; use names like SIGTERM, SIGUSR1"
+        )
+
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        fail("give a list of signal names")
+    parsed: list[signal.Signals] = []
+    for name in names:
+        if not isinstance(name, str) or name not in signal.Signals.__members__:
+            fail(f"{name!r} is not a signal on this system")
+        if name in _UNCATCHABLE:
+            fail(f"{name} cannot be caught")
+        if signal.Signals[name] not in parsed:
+            parsed.append(signal.Signals[name])
+    return tuple(parsed)
 
 
 def detect_provider(dmi_dir: str | None = None) -> str:
@@ -243,7 +272,8 @@ def _restorable(handler: Any) -> Any:
 
 
 class PreemptionWatcher:
-    """Raises `requested` on SIGTERM, SIGINT or a cloud interruption notice; `reason` says which.
+    """Raises `requested` on one of `signals` (default SIGTERM, SIGINT, SIGUSR1) or a cloud
+    interruption notice; `reason` says which.
 
     Signal handlers are installed by `start()` only when called from the main thread (Python
     allows no other) and restored by `stop()`. A second SIGINT while a request is pending
@@ -252,15 +282,15 @@ class PreemptionWatcher:
     (SIG_IGN) stay ignored.
     """
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
     def __init__(
         self,
         provider: str = "auto",
         *,
         base_url: str | None = None,
         poll_interval: float | None = None,
+        signals: Sequence[str] = DEFAULT_SIGNALS,
     ) -> None:
+        self.signals = parse_signals(signals)
         self.poller = make_poller(provider, base_url, poll_interval)
         self.requested = False
         self.reason = ""
@@ -287,14 +317,15 @@ class PreemptionWatcher:
             return self
         self._started = True
         if threading.current_thread() is threading.main_thread():
-            for signum in self.SIGNALS:
+            for signum in self.signals:
                 previous = signal.getsignal(signum)
                 if previous is signal.SIG_IGN:
                     continue
                 self._previous[signum] = previous
                 signal.signal(signum, self._on_signal)
         else:
-            log.info("not in the main thread: SIGTERM/SIGINT are left to their current handlers")
+            names = "/".join(s.name for s in self.signals)
+            log.info("not in the main thread: %s are left to their current handlers", names)
         if self.poller is not None and self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(

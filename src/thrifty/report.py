@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -86,4 +90,47 @@ def print_diagnosis(diagnosis: Any, result: Any = None) -> None:
         console.print(
             f"cost: {c['gpu_hours']:.4f} GPU-hours, ${c['usd']:.4f} at {c['pricing']} "
             f"(on-demand would have been ${c['on_demand_usd']:.4f})"
+        )
+
+
+@contextlib.contextmanager
+def console_for_api(logger_name: str = "thrifty") -> Iterator[bool]:
+    """While a Trainer is used from Python (a notebook, a script): if nobody has configured
+    logging, show thrifty's lines as the command line does, and yield True so the caller
+    prints the summary too. A caller that configured logging (or the command line) keeps
+    its own setup and gets False."""
+    from thrifty.redact import RedactingFilter
+
+    logger = logging.getLogger(logger_name)
+    if logger.hasHandlers():
+        yield False
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("thrifty: %(message)s"))
+    handler.addFilter(RedactingFilter())  # no credential in a notebook's output either
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield True
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def show_result(result: Any, diagnosis: Any) -> None:
+    """What a person sees when a run ends: the summary, the diagnosis, and how to resume."""
+    from thrifty.preemption import EXIT_PREEMPTED
+    from thrifty.spot import local_only_message
+
+    print_summary(result)
+    if diagnosis is not None:
+        print_diagnosis(diagnosis, result)
+    status = getattr(result, "checkpoint", None)
+    if status and status.get("location") and not status.get("uploaded"):
+        print(f"thrifty: warning: {local_only_message(status)}")
+    if result.stop_reason == "preempted":
+        print(
+            f"thrifty: preempted at step {result.steps}; checkpoint saved, run the same command "
+            f"to resume (exit code {EXIT_PREEMPTED})"
         )

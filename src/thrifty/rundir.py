@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.errors import ThriftyError
+from thrifty.redact import redact_value
 
 RUN_FILES = ("metrics.jsonl", "summary.json")
 
@@ -52,22 +53,22 @@ def _clean(value: Any) -> Any:
 
 
 def write_json(path: str | os.PathLike[str], data: Mapping[str, Any]) -> None:
-    """Write JSON atomically (temporary file, then rename)."""
+    """Write JSON atomically (temporary file, then rename), secrets redacted."""
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_clean(data), indent=2) + "\n")
+    tmp.write_text(json.dumps(_clean(redact_value(data)), indent=2) + "\n")
     os.replace(tmp, path)
 
 
 class MetricsLog:
-    """Appends one JSON object per line to metrics.jsonl."""
+    """Appends one JSON object per line to metrics.jsonl, secrets redacted."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._file = open(self.path, "a", buffering=1 << 16)  # noqa: SIM115 (closed in close())
 
     def write(self, records: Iterable[Mapping[str, Any]]) -> None:
-        self._file.writelines(json.dumps(_clean(r)) + "\n" for r in records)
+        self._file.writelines(json.dumps(_clean(redact_value(r))) + "\n" for r in records)
         self._file.flush()
 
     def close(self) -> None:

@@ -92,9 +92,13 @@ class SpotGuard:
                 keep_best=checkpoint.keep_best,
                 storage_options=checkpoint.storage_options,
                 upload_retries=checkpoint.upload_retries,
+                upload_deadline=checkpoint.upload_deadline_seconds,
             )
         self.watcher = PreemptionWatcher(
-            spot.provider, base_url=spot.metadata_url, poll_interval=spot.poll_seconds
+            spot.provider,
+            base_url=spot.metadata_url,
+            poll_interval=spot.poll_seconds,
+            signals=spot.signals,
         )
         self.interval = self._fixed_interval()
         self._last_save_step = 0
@@ -126,10 +130,22 @@ class SpotGuard:
             )
         return f"checkpoints: off (emergency and final saves only) to {where}"
 
+    def probe(self) -> None:
+        """Write and delete a small file at the checkpoint location (and its local staging
+        directory), so that a read-only directory, a path that is a file or a missing bucket
+        fails before step 1 with one line naming it and the fix. Only the rank that writes."""
+        if self._manager is not None:
+            self._manager.probe()
+
     # --- resume -------------------------------------------------------------------------------
 
     def resume_point(self) -> tuple[CheckpointInfo | str | None, str]:
-        """What `checkpoint.resume` points at: a checkpoint (or its path) to load, or None."""
+        """What `checkpoint.resume` points at: a checkpoint (or its path) to load, or None.
+
+        With resume = auto, None means there is no checkpoint at all; when checkpoints exist but
+        none verifies, NoValidCheckpointError (a ThriftyError) says so, naming the location,
+        what failed and the choices, and nothing is deleted.
+        """
         mode = self.config.resume
         if mode == "never":
             return None, "resume = never"
@@ -143,7 +159,9 @@ class SpotGuard:
         return mode, f"checkpoint {redact(mode)}"
 
     def has_checkpoints(self) -> bool:
-        return self.manager.latest() is not None
+        """True when the location holds checkpoints, valid or not (damaged ones count: a fresh
+        start must not write over them)."""
+        return self.manager.has_checkpoints()
 
     def load(self, ref: CheckpointInfo | str) -> dict[str, Any]:
         return self.manager.load(ref)
@@ -187,7 +205,7 @@ class SpotGuard:
         self.manager.save(step, state, metric=metric, extra_files=extra_files)
         self.saved(step)
         if self.config.every == "auto" and self.interval == Interval():
-            self.manager.wait()  # once: the interval needs the full save time
+            self.manager.wait(uploads=False)  # once: the interval needs the full save time
             tau, text = auto_interval(
                 self.manager.last_stall_seconds + extra_stall,
                 self.manager.last_save_seconds + extra_stall,
@@ -231,12 +249,26 @@ class SpotGuard:
         self.manager.save(step, state, metric=metric, extra_files=extra_files)
 
     def finish(self) -> None:
-        """Wait for the checkpoint in flight (and its upload), stop watching."""
+        """Wait for the checkpoint in flight to reach local disk, then up to
+        checkpoint.upload_deadline for its upload, and stop watching.
+
+        A checkpoint still not uploaded then is kept locally, and a warning says where: see
+        `upload_status()` for the same in the run's summary.
+        """
         try:
             if self._manager is not None:
-                self._manager.close()
+                self._manager.close(self.config.upload_deadline_seconds)
+                status = self._manager.upload_status()
+                if not status["uploaded"]:
+                    log.warning(local_only_message(status))
         finally:
             self.watcher.stop()
+
+    def upload_status(self) -> dict[str, Any] | None:
+        """Where the newest checkpoint is, for the run's summary; None on a rank that does not
+        write. Keys: newest_step, uploaded, local_path, location, error (see
+        `CheckpointManager.upload_status`). No I/O."""
+        return None if self._manager is None else self._manager.upload_status()
 
     def abandon(self) -> None:
         """Stop watching after an error; a save in flight finishes on its own thread."""
@@ -247,6 +279,16 @@ class SpotGuard:
             self._manager.close(timeout=30)
         except ThriftyError as exc:
             log.warning("checkpoint error while stopping: %s", exc)
+
+
+def local_only_message(status: Mapping[str, Any]) -> str:
+    """One line saying that the newest checkpoint exists only on this machine, and where."""
+    return (
+        f"the newest checkpoint (step {status['newest_step']}) exists only on this machine, in "
+        f"{status['local_path']}, not at {redact(str(status['location']))}: "
+        f"{status['error'] or 'its upload did not finish within checkpoint.upload_deadline'}; "
+        "copy it there before this machine goes away, or resume on this machine"
+    )
 
 
 def shapes(tensors: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:

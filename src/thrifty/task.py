@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from dataclasses import dataclass
@@ -43,19 +44,52 @@ class Task:
     val_data: Any = None
     optimizer: Any = None
     loss_fn: Any = None
+    collate_fn: Any = None
+
+
+def call_factory(factory: Any, args: dict[str, Any], field: str, args_field: str) -> Any:
+    """Call `factory(**args)`, or say in one line which keyword it does not take."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: let the call say
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**args)
+        except TypeError as exc:
+            accepts = ", ".join(signature.parameters) or "no arguments"
+            raise ConfigError(
+                f"{args_field} does not fit {field} = {factory.__module__}:"
+                f"{factory.__qualname__}: {exc}; it takes ({accepts})"
+            ) from None
+    return factory(**args)
 
 
 def build_task(config: TrainConfig) -> Task:
     """Call the factories of `config.task` (seed the RNG first: model init draws from it)."""
+    from thrifty.inputs import check_dataset, check_model
+
     t = config.task
     if t.model is None or t.train_data is None:
         missing = "task.model" if t.model is None else "task.train_data"
         raise ConfigError(f"{missing} is not set: name a factory like 'mypackage.models:build'")
-    model = import_object(t.model, "task.model")(**t.model_args)
-    train = import_object(t.train_data, "task.train_data")(**t.data_args)
-    val = import_object(t.val_data, "task.val_data")(**t.data_args) if t.val_data else None
+    model_factory = import_object(t.model, "task.model")
+    model = call_factory(model_factory, t.model_args, "task.model", "task.model_args")
+    check_model(model, f"what task.model = {t.model!r} returned")
+    micro = config.batch.micro
+    train_factory = import_object(t.train_data, "task.train_data")
+    train = call_factory(train_factory, t.data_args, "task.train_data", "task.data_args")
+    check_dataset(train, f"what task.train_data = {t.train_data!r} returned", micro, "batch.micro")
+    val = None
+    if t.val_data:
+        val_factory = import_object(t.val_data, "task.val_data")
+        val = call_factory(val_factory, t.data_args, "task.val_data", "task.data_args")
+        eval_micro = config.eval.micro or micro
+        key = "eval.micro" if config.eval.micro else "batch.micro"
+        check_dataset(val, f"what task.val_data = {t.val_data!r} returned", eval_micro, key)
     # The factory itself: the Trainer calls it once the model is wrapped (FSDP replaces the
     # parameters with their shards, so an optimizer built earlier would hold stale ones).
     optimizer = import_object(t.optimizer, "task.optimizer") if t.optimizer else None
     loss_fn = import_object(t.loss_fn, "task.loss_fn") if t.loss_fn else None
-    return Task(model, train, val, optimizer, loss_fn)
+    collate_fn = import_object(t.collate_fn, "task.collate_fn") if t.collate_fn else None
+    return Task(model, train, val, optimizer, loss_fn, collate_fn)

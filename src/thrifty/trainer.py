@@ -32,10 +32,22 @@ from thrifty.batches import (
     uses_tokens,
     window_counts,
 )
-from thrifty.config import RunConfig, TrainConfig, dump_toml
+from thrifty.config import RunConfig, TrainConfig
+from thrifty.config_changes import (
+    ResumeChanges,
+    budget_grew,
+    check_resume_changes,
+    format_applied,
+    optimizer_settings,
+    read_saved_config,
+    reapply_optimizer_settings,
+    resume_horizon,
+    write_run_config,
+)
 from thrifty.distributed import Distributed, check_same_config, init_distributed
 from thrifty.early_stopping import Budget, EarlyStopping
 from thrifty.errors import ConfigError, ThriftyError
+from thrifty.inputs import check_dataset, check_model
 from thrifty.instrument import NullTimer, make_timer, maybe_trace, measure_flops
 from thrifty.loading import (
     EpochSampler,
@@ -44,6 +56,8 @@ from thrifty.loading import (
     build_loader,
     choose_num_workers,
 )
+from thrifty.lock import RunLock
+from thrifty.measure.cost import LostWork, lost_work_before_resume
 from thrifty.monitor import RunMonitor
 from thrifty.parallel import (
     GradSync,
@@ -58,6 +72,7 @@ from thrifty.parallel import (
 )
 from thrifty.precision import Precision, native_bf16, resolve_precision
 from thrifty.progress import ProgressBar
+from thrifty.report import console_for_api, show_result
 from thrifty.rng import rng_state, set_rng_state
 from thrifty.rundir import (
     MetricsLog,
@@ -98,6 +113,8 @@ class FitResult:
     strategy: str = "single"  # single | ddp | fsdp
     parameters: int = 0  # trainable parameters of the model
     step_seconds: float | None = None  # mean seconds per optimizer step (warm-up excluded)
+    # The newest checkpoint: step, location, whether its upload finished, the local copy.
+    checkpoint: dict[str, Any] | None = None
 
 
 @dataclass
@@ -112,17 +129,43 @@ class TrainState:
     seconds: float = 0.0  # training wall time, across restarts (run.max_time counts it)
     initial_val_loss: float | None = None
     val_loss: float | None = None
+    eval_pending: bool = False  # an evaluation put off by a preemption, done on resume
 
 
 def resolve_device(name: str) -> torch.device:
+    """`run.device` as a torch.device; a CUDA device becomes the current one, so streams,
+    events, memory figures and NVML sampling all follow it (not cuda:0)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
         raise ConfigError(
-            f"run.device = {name!r} is invalid: no CUDA device is available; use cpu or auto"
-        )
+            f"run.device = {name!r} is invalid: not a device name; use auto, cpu, cuda or cuda:N"
+        ) from None
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"run.device = {name!r} is invalid: use auto, cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"run.device = {name!r} is invalid: no CUDA device is available; use cpu or auto"
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ConfigError(
+                f"run.device = {name!r} is invalid: this process sees {count} CUDA device(s), "
+                f"cuda:0 to cuda:{count - 1} (CUDA_VISIBLE_DEVICES renumbers them)"
+            )
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+        torch.cuda.set_device(device)
     return device
+
+
+def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of all gradients together, on their device (no host sync)."""
+    if hasattr(torch.nn.utils, "get_total_norm"):
+        return torch.nn.utils.get_total_norm(grads)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
 def _seed_everything(seed: int) -> None:
@@ -156,12 +199,14 @@ class Trainer:
         collate_fn: Callable[[list[Any]], Any] | None = None,
     ) -> None:
         self.config = config or TrainConfig(run=RunConfig(max_epochs=1))
-        for name, data in (("train_data", train_data), ("val_data", val_data)):
-            if data is not None and not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
-                raise ThriftyError(
-                    f"{name} is a {type(data).__name__}: pass a map-style Dataset (with __len__ "
-                    "and __getitem__); thrifty builds the DataLoader itself"
-                )
+        micro = self.config.batch.micro
+        check_model(model)
+        check_dataset(train_data, "train_data", micro, "batch.micro")
+        if val_data is not None:
+            eval_micro = self.config.eval.micro
+            check_dataset(
+                val_data, "val_data", eval_micro or micro, "eval.micro" if eval_micro else "batch.micro"
+            )
         self.model = model
         self.train_data = train_data
         self.val_data = val_data
@@ -188,8 +233,15 @@ class Trainer:
         self.forward_model: nn.Module = model
         self.grad_sync: GradSync | None = None
         self.run_dir: Path | None = None
+        self._run_lock: RunLock | None = None  # rank 0 holds it while fit() runs
         self.metrics: MetricsLog | None = None
+        self.resume_changes = ResumeChanges()  # set on resume: what differs from the checkpoint
+        self._extending = False  # resuming a finished run with a larger budget
         self.diagnosis: Any = None  # set by fit(): what limited the steps, what to change
+        self._fitted = False
+        self.checkpoint_status: dict[str, Any] | None = None  # the newest save, once fit() ends
+        # Who drives this Trainer: messages name CLI flags ("cli") or Python arguments ("api").
+        self.interface = "api"
 
     # ------------------------------------------------------------------------------------
     # Set-up: each lever applied once, before the loop
@@ -215,14 +267,7 @@ class Trainer:
         self._scale_learning_rate(self.optimizer)
         self.steps_per_epoch, self.train_loader, self.worker_choice = self._build_train_loader()
         self.horizon = self._schedule_horizon()
-        s = cfg.schedule
-        self.scheduler = build_scheduler(
-            self.optimizer,
-            warmup_steps=s.warmup_steps,
-            decay=s.decay,
-            total_steps=self.horizon,
-            min_lr_ratio=s.min_lr_ratio,
-        )
+        self.scheduler = self._build_scheduler()
         self.forward_model = self._compile(wrapped)
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         if self.dist.enabled:
@@ -270,7 +315,7 @@ class Trainer:
                 return call_model(model, b, self.loss_fn)
 
         try:
-            count = measure_flops(self.model, batch, call)
+            count = measure_flops(self.model, batch, call, device=self.device)
         except ThriftyError:
             raise
         except Exception as exc:  # a model the FLOP counter cannot trace: MFU is then unknown
@@ -309,13 +354,14 @@ class Trainer:
 
             # GPU sensors only when training on one: on a CPU run their absence is no news.
             sampler = SystemSampler(
-                cfg.measure.sample_seconds, gpu=self.device.type == "cuda"
+                cfg.measure.sample_seconds, gpu=self.device.type == "cuda", device=self.device
             ).start()
         cost = None
         if cfg.cost.enabled and self.dist.is_main:
             from thrifty.measure.cost import CostMeter
 
-            cost = CostMeter.from_config(cfg.cost)
+            cost = CostMeter.from_config(cfg.cost, world_size=self.dist.world_size)
+            cost.add_wasted(self._lost_work)
         horizon = cfg.run.max_epochs * self.steps_per_epoch if cfg.run.max_epochs else None
 
         def fraction_done() -> float | None:
@@ -418,6 +464,16 @@ class Trainer:
             group["lr"] = scaled_lr(group["lr"], effective, self.config.optimizer.reference_batch)
             group["initial_lr"] = group["lr"]  # the schedule multiplies the scaled rate
 
+    def _build_scheduler(self) -> Any:
+        s = self.config.schedule
+        return build_scheduler(
+            self.optimizer,
+            warmup_steps=s.warmup_steps,
+            decay=s.decay,
+            total_steps=self.horizon,
+            min_lr_ratio=s.min_lr_ratio,
+        )
+
     def _schedule_horizon(self) -> int | None:
         cfg = self.config
         horizon = cfg.schedule.total_steps or cfg.run.max_steps
@@ -496,7 +552,7 @@ class Trainer:
         counts: tuple[list[int], list[int]],
         timer: NullTimer,
         totals: tuple[int, int] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over an accumulation window; returns (loss, grad norm) as tensors
         on the device — reading them would force a host sync, so the caller batches that.
         `counts` are the window's samples and tokens per micro-batch, counted on the host;
@@ -518,14 +574,17 @@ class Trainer:
                 self.scaler.scale(loss * weight).backward()
             window_loss += loss.detach().float() * weight
             timer.mark("backward")
-        grad_norm = None
-        if self.config.optimizer.grad_clip > 0:
-            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                self._params, self.config.optimizer.grad_clip
-            )
-            if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor
-                grad_norm = grad_norm.full_tensor()
+        # The true gradients' norm, recorded at every step (clipping or not): it is the first
+        # sign of a run going wrong. Unscaled first, so neither clipping nor the record sees
+        # the loss scale.
+        self.scaler.unscale_(self.optimizer)
+        clip = self.config.optimizer.grad_clip
+        if clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self._params, clip)
+        else:
+            grad_norm = total_norm([p.grad for p in self._params if p.grad is not None])
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor
+            grad_norm = grad_norm.full_tensor()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
@@ -535,7 +594,26 @@ class Trainer:
 
     def fit(self) -> FitResult:
         """Train until a budget, the data (run.max_epochs), early stopping or a preemption
-        ends the run. Resumes from the newest valid checkpoint when `checkpoint.resume = auto`."""
+        ends the run. Resumes from the newest valid checkpoint when `checkpoint.resume = auto`.
+
+        Used from Python with no logging configured, it shows the same lines and summary as
+        `thrifty train`; configure logging (or pass `rich`-free handlers) to take them over."""
+        if self._fitted:
+            raise ThriftyError(
+                "fit() already ran on this Trainer: build a new Trainer to train again (with a "
+                "larger run.max_steps it continues from the run's checkpoint)"
+            )
+        self._fitted = True
+        with console_for_api() as speak:
+            try:
+                result = self._fit()
+            finally:
+                self._release_run_lock()
+            if speak and self.dist.is_main:
+                show_result(result, self.diagnosis)
+        return result
+
+    def _fit(self) -> FitResult:
         cfg = self.config
         wall_start = time.perf_counter()
         self._setup()
@@ -545,6 +623,12 @@ class Trainer:
         if self.state.step == 0:
             self.state.initial_val_loss = self.state.val_loss = self.evaluate()
         stop_reason = "data_exhausted"
+        # A run preempted at its last step resumes with its budget spent: no step more. An
+        # evaluation the preemption put off comes first, as it would have.
+        finished = budget.exceeded(self.state.step, self.state.tokens, self.state.seconds)
+        if self.state.eval_pending and self._evaluate_and_record():
+            finished = finished or "early_stopping"
+        stop_reason = finished or stop_reason
         seconds_before = self.state.seconds
         started = time.perf_counter()
         timer = monitor.timer
@@ -552,8 +636,9 @@ class Trainer:
         try:
             with maybe_trace(cfg.measure.trace, cfg.measure.trace_steps) as trace_step:
                 step_start = time.perf_counter()
+                monitor.start()  # the first sync point: intervals are measured sync to sync
                 timer.start()
-                for window in self._windows():
+                for window in self._windows() if finished is None else ():
                     timer.mark("data_wait")
                     lr = self.optimizer.param_groups[0]["lr"]
                     counts = window_counts(window)
@@ -576,25 +661,27 @@ class Trainer:
                     reason = budget.exceeded(self.state.step, self.state.tokens, self.state.seconds)
                     if time_up and reason is None:  # another rank's clock ran out first
                         reason = "max_time"
-                    if self.val_data is not None and (
-                        self.state.step % cfg.eval.every == 0 or reason
-                    ):
+                    # A preemption notice leaves 30 s (GCP, Azure) to 2 min (AWS): the emergency
+                    # checkpoint comes first, before any evaluation due at this step.
+                    eval_due = self.val_data is not None and (
+                        self.state.step % cfg.eval.every == 0 or reason is not None
+                    )
+                    if preempted:
+                        reason = "preempted"
+                        self.state.eval_pending = eval_due  # done first thing on resume
+                    elif eval_due:
+                        monitor.pause()  # evaluation is not training: left out of the interval
                         eval_start = time.perf_counter()
-                        self.state.val_loss = self.evaluate()
-                        self._log_event(val_loss=self.state.val_loss)
-                        if self.early_stopping.update(self.state.val_loss) and reason is None:
+                        if self._evaluate_and_record() and reason is None:
                             reason = "early_stopping"
+                        monitor.resume()
                         step_start += (
                             time.perf_counter() - eval_start
                         )  # evaluation is not step time
                     if preempted or (due and reason is None):
                         monitor.flush(self.state.seconds, self.state.samples, self.state.tokens)
                         save_start = time.perf_counter()
-                        if preempted:
-                            self._checkpoint(guard, emergency=True)
-                            reason = "preempted"
-                        else:
-                            self._checkpoint(guard)
+                        self._checkpoint(guard, emergency=preempted)
                         timer.add("checkpoint", time.perf_counter() - save_start)
                     now = time.perf_counter()
                     monitor.add(
@@ -623,6 +710,7 @@ class Trainer:
             if stop_reason != "preempted":
                 self._checkpoint(guard, final=True)
             guard.finish()
+            self.checkpoint_status = guard.upload_status() if self.dist.is_main else None
             self.dist.barrier()  # no rank leaves while rank 0 still writes the checkpoint
         except BaseException:
             guard.abandon()
@@ -652,12 +740,20 @@ class Trainer:
             strategy=self.dist.strategy,
             parameters=sum(p.numel() for p in self._params),
             step_seconds=monitor.meter.step_seconds,
+            checkpoint=self.checkpoint_status,
         )
         if self.dist.is_main:
             self.diagnosis = self._diagnose(monitor)
             if stop_reason != "preempted":  # summary.json marks a finished run
                 self._write_summary(result)
         return result
+
+    def _evaluate_and_record(self) -> bool:
+        """Evaluate, log it, feed early stopping; True when early stopping ends the run."""
+        self.state.eval_pending = False
+        self.state.val_loss = self.evaluate()
+        self._log_event(val_loss=self.state.val_loss)
+        return self.early_stopping.update(self.state.val_loss)
 
     def _advance(self, samples: int, tokens: int, seconds: float) -> None:
         self.state.seconds = seconds
@@ -757,18 +853,29 @@ class Trainer:
     def _prepare_run_dir(self) -> tuple[SpotGuard, Any, str]:
         r, c = self.config.run, self.config.checkpoint
         run_dir = Path(r.out) if r.out else default_run_dir(r.name)
+        # Before anything is read or written there: one writer per run directory and location.
+        fix = "use another --out" if self.interface == "cli" else "give another RunConfig(out=...)"
+        self._run_lock = RunLock(run_dir, c.location, c.storage_options, run_dir_fix=fix).acquire()
         finished = (run_dir / "summary.json").exists()
-        if finished and not r.overwrite:
-            raise ThriftyError(
-                f"run directory {run_dir} holds a finished run (summary.json): choose another "
-                "--out, or start it over with --overwrite (run.overwrite = true)"
-            )
+        self._extending = finished and not r.overwrite
+        if self._extending:
+            saved = run_dir / "config.toml"
+            current = self.config.to_dict(secrets=False)
+            grew = budget_grew(read_saved_config(saved), current) if saved.exists() else []
+            if not grew:
+                raise ThriftyError(
+                    f"run directory {run_dir} holds a finished run (summary.json): "
+                    + self._choices("another", "start it over")
+                    + ", or give a larger budget to train it further"
+                )
+            log.info("extending the finished run: %s", ", ".join(g.describe() for g in grew))
         guard = SpotGuard(c, self.config.spot, run_dir)
+        guard.probe()  # a read-only dir, a file, a missing bucket: fail before step 1
         ref, why = (None, "overwrite") if r.overwrite else guard.resume_point()
         if ref is None and not r.overwrite and guard.has_checkpoints():
             raise ThriftyError(
                 f"{guard.manager.location} holds checkpoints and checkpoint.resume = never: "
-                "choose another --out, or start over with --overwrite (run.overwrite = true)"
+                + self._choices("another", "start over")
             )
         if ref is None and r.overwrite:
             remove_local_checkpoints(run_dir, c)
@@ -785,19 +892,51 @@ class Trainer:
         self.run_dir = prepare_run_dir(run_dir, r.overwrite or restart, resuming=ref is not None)
         return guard, ref, why
 
+    def _release_run_lock(self) -> None:
+        if self._run_lock is not None:
+            self._run_lock.release()
+            self._run_lock = None
+
+    def _choices(self, other: str, fresh: str) -> str:
+        """The way out of a run directory already in use, in the words of who drives us."""
+        if self.interface == "cli":
+            return f"choose {other} --out, or {fresh} with --overwrite (run.overwrite = true)"
+        return (
+            f"give {other} run directory (RunConfig(out=...)), or {fresh} with "
+            "RunConfig(overwrite=True)"
+        )
+
     def _opened(self, guard: SpotGuard, *, resumed: bool, why: str) -> SpotGuard:
         """Rank 0 records the run's config and opens its metrics log."""
+        self._lost_work = LostWork()
         if resumed:
             log.info("resumed from step %d (%s)", self.state.step, why)
         if not self.dist.is_main:
             return guard
         assert self.run_dir is not None
+        changes = self.resume_changes if resumed else ResumeChanges()
         if resumed:
-            truncate_metrics(self.run_dir / "metrics.jsonl", self.state.step)
-        (self.run_dir / "config.toml").write_text(dump_toml(self.config.to_dict(secrets=False)))
+            # Steps past the checkpoint were paid for and are done again: bill them.
+            metrics = self.run_dir / "metrics.jsonl"
+            self._lost_work = lost_work_before_resume(metrics, self.state.step, self.state.seconds)
+            truncate_metrics(metrics, self.state.step)
+            if self._extending:  # unfinished again: an interruption now resumes as usual
+                (self.run_dir / "summary.json").unlink(missing_ok=True)
+        write_run_config(
+            self.run_dir / "config.toml",
+            self.config.to_dict(secrets=False),
+            step=self.state.step,
+            changes=changes.changes,
+            resumed=resumed,
+        )
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
         if resumed:
-            self._log_event(event="resumed")
+            self._log_event(event="resumed", **self._lost_work.to_record())
+        kept = self.horizon if self.config.schedule.total_steps is None else None
+        applied = format_applied(changes, kept_horizon=kept)
+        if applied is not None:
+            log.info(applied)
+            self._log_event(**changes.event())
         log.info(guard.describe())
         return guard
 
@@ -837,7 +976,34 @@ class Trainer:
         `shards` is the checkpoint folder whose shards hold the model and optimizer (FSDP).
         """
         d = self.dist
+        needed = ["scheduler", "scaler", "early_stopping", "progress", "rng", "effective_batch"]
+        if d.strategy != "fsdp":
+            needed = ["model", "optimizer", *needed]
+        missing = [key for key in needed if key not in state]
+        if missing:
+            raise ThriftyError(
+                f"the checkpoint holds no {', '.join(missing)} (it has: "
+                f"{', '.join(sorted(map(str, state))) or 'nothing'}): it is not a thrifty "
+                "training checkpoint; resume from a folder a Trainer wrote, or load the weights "
+                "yourself with model.load_state_dict"
+            )
         check_resumable(d, state)
+        # Refused even with run.allow_config_change: the data position cannot follow another
+        # effective batch. Checked first, so its message is the one the user sees.
+        check_compatible({}, {}, state["effective_batch"], self.effective_batch)
+        # The checkpoint's config against this run's: safe changes pass, optimization changes
+        # need run.allow_config_change. A larger budget keeps the schedule's horizon; the new
+        # scheduler is built before the optimizer's state is loaded, as building one resets lr.
+        current = self.config.to_dict(secrets=False)
+        changes = check_resume_changes(
+            state.get("config"), current, self.config.run.allow_config_change
+        )
+        self.resume_changes = changes
+        horizon = resume_horizon(state.get("config"), current, self.steps_per_epoch)
+        if horizon != self.horizon:
+            self.horizon = horizon
+            self.scheduler = self._build_scheduler()
+        settings = optimizer_settings(self.optimizer)
         if d.strategy == "fsdp":
             if shards is None:
                 raise ThriftyError("an FSDP state needs its checkpoint folder to read shards from")
@@ -850,9 +1016,13 @@ class Trainer:
                 self.effective_batch,
             )
             self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            if changes.keeps_optimizer_state:  # another optimizer starts with fresh moments
+                self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
+        if changes.optimization:  # the checkpoint's lr, betas, ... would override this run's
+            reapply_optimizer_settings(self.optimizer, self.scheduler, settings)
+        if state["scaler"]:  # a bf16/fp32 checkpoint has no loss scale for an fp16 resume
+            self.scaler.load_state_dict(state["scaler"])
         self.early_stopping.load_state_dict(state["early_stopping"])
         self.state = TrainState(**state["progress"])
         saved_accumulation = state.get("accumulation", self.accumulation)

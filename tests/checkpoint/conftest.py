@@ -1,12 +1,16 @@
-"""Shared fixtures: small training states and a metadata server on loopback."""
+"""Shared fixtures: small training states, a metadata server on loopback, and real small or
+read-only file systems (tmpfs, mounted when running as root)."""
 
 from __future__ import annotations
 
 import http.server
 import json
+import os
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -111,3 +115,56 @@ def metadata_server() -> Iterator[MetadataServer]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@pytest.fixture
+def tmpfs(tmp_path) -> Iterator[Callable[..., Path]]:
+    """`tmpfs(size_bytes, read_only=False)` mounts a real tmpfs and returns its folder: a disk
+    that really fills (ENOSPC) or really refuses writes (EROFS, which root cannot bypass).
+    Skips where mounting is not allowed (not root, or no CAP_SYS_ADMIN)."""
+    mounted: list[Path] = []
+
+    def mount(size_bytes: int, read_only: bool = False) -> Path:
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root")
+        folder = tmp_path / f"tmpfs{len(mounted)}"
+        folder.mkdir()
+        options = f"size={size_bytes}" + (",ro" if read_only else "")
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+@pytest.fixture(autouse=True)
+def no_real_aws(monkeypatch, tmp_path):
+    """No credentials, config or instance metadata from this machine: nothing leaves loopback."""
+    for key in list(os.environ):
+        if key.startswith("AWS_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """moto's S3 server on loopback with the bucket BUCKET, behind a link a test can cut."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("boto3")
+    pytest.importorskip("s3fs")
+    from checkpoint.s3_server import BUCKET, S3Server
+
+    server = S3Server()
+    server.create_bucket(BUCKET)
+    yield server
+    server.close()

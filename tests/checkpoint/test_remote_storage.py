@@ -97,9 +97,9 @@ def test_credentials_in_the_url_never_reach_logs_errors_or_manifests(tmp_path, m
 
 def test_redact_strips_user_and_secret_and_signed_query_values():
     assert redact("s3://AKIA:se/cr+et@bucket/run") == "s3://bucket/run"
-    assert redact("error at https://u:p@host/x?X-Amz-Signature=abc&a=1") == (
-        "error at https://host/x?X-Amz-Signature=***&a=1"
-    )
+    signed = redact("error at https://u:p@host/x?X-Amz-Signature=abc&a=1")
+    assert signed.startswith("error at https://host/x?X-Amz-Signature=") and signed.endswith("&a=1")
+    assert "abc" not in signed and "u:p" not in signed
     assert redact("/plain/local/path") == "/plain/local/path"
 
 

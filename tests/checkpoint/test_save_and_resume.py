@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-import thrifty.checkpoint.manager as manager_module
+import thrifty.checkpoint.writing as writing_module
 from thrifty.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -74,11 +74,11 @@ def test_the_manifest_is_written_last_so_a_save_that_dies_before_it_is_never_tru
     def die(path: str, data: bytes) -> None:
         raise OSError(errno.EIO, "the machine went away")
 
-    monkeypatch.setattr(manager_module, "atomic_write_bytes", die)
+    monkeypatch.setattr(writing_module, "atomic_write_bytes", die)
     manager.save(2, make_state(2))
     with pytest.raises(CheckpointError, match="step-00000002"):
         manager.wait(timeout=30)
-    assert (tmp_path / "step-00000002" / "state.pt").exists()
+    assert not (tmp_path / "step-00000002").exists()  # a failed save leaves no partial folder
     info = manager.latest()
     assert info is not None and info.step == 1
     check_state(manager.load(info), 1)
@@ -119,11 +119,11 @@ def test_an_old_checkpoint_is_deleted_only_after_a_newer_one_is_published(
     for step in (1, 2):
         manager.save(step, make_state(step))
     manager.wait(timeout=30)
-    monkeypatch.setattr(manager_module.torch, "save", _fail_with(errno.EIO))
+    monkeypatch.setattr(writing_module.torch, "save", _fail_with(errno.EIO))
     manager.save(3, make_state(3))
     with pytest.raises(CheckpointError):
         manager.wait(timeout=30)
-    assert steps_on_disk(tmp_path) == ["step-00000001", "step-00000002", "step-00000003"]
+    assert steps_on_disk(tmp_path) == ["step-00000001", "step-00000002"]
     assert manager.latest().step == 2
 
 
@@ -235,7 +235,7 @@ def test_a_full_disk_gives_one_line_naming_the_directory_and_the_fix(
     tmp_path, make_state, monkeypatch
 ):
     manager = CheckpointManager(str(tmp_path))
-    monkeypatch.setattr(manager_module.torch, "save", _fail_with(errno.ENOSPC))
+    monkeypatch.setattr(writing_module.torch, "save", _fail_with(errno.ENOSPC))
     manager.save(1, make_state(1))
     with pytest.raises(CheckpointError) as excinfo:
         manager.wait(timeout=30)
@@ -247,7 +247,7 @@ def test_a_full_disk_gives_one_line_naming_the_directory_and_the_fix(
 
 def test_a_background_error_surfaces_on_the_next_save(tmp_path, make_state, monkeypatch):
     manager = CheckpointManager(str(tmp_path))
-    monkeypatch.setattr(manager_module.torch, "save", _fail_with(errno.EACCES))
+    monkeypatch.setattr(writing_module.torch, "save", _fail_with(errno.EACCES))
     manager.save(1, make_state(1))
     with pytest.raises(CheckpointError, match="not writable"):
         manager.save(2, make_state(2))
@@ -269,7 +269,7 @@ def test_wait_with_a_deadline_returns_false_while_a_save_is_in_flight(
         release.wait(10)
         real_save(*args, **kwargs)
 
-    monkeypatch.setattr(manager_module.torch, "save", slow_save)
+    monkeypatch.setattr(writing_module.torch, "save", slow_save)
     manager = CheckpointManager(str(tmp_path))
     manager.save(1, make_state(1))
     assert manager.wait(timeout=0.05) is False

@@ -1,10 +1,17 @@
-"""Workloads with known bottlenecks, and a small CPU profiler that turns a few real training
-steps into the `Evidence` the diagnosis reads."""
+"""Workloads with known bottlenecks, and a small profiler that turns a few real training steps
+into the `Evidence` the diagnosis reads.
+
+The steps run for real, but their time is counted on a simulated CPU rather than read from a
+clock: each aten op costs a fixed dispatch time plus its FLOPs at a fixed rate, and a slow
+dataset adds the time its items take. The op and FLOP counts are the workload's own, so what
+the diagnosis sees follows from the workload — and is the same on any machine, however busy.
+"""
 
 from __future__ import annotations
 
 import statistics
-import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -13,13 +20,30 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from thrifty.loading import available_cpus
 from thrifty.measure.diagnosis import Evidence
 from thrifty.measure.flops import count_flops
-from thrifty.measure.peak import measure_cpu_peak
+
+
+class SimulatedCpu:
+    """A CPU whose time is counted: `op_seconds` per aten op (dispatch and call overhead, a few
+    µs as on a real one) plus FLOPs at `flops_per_second`, its peak."""
+
+    def __init__(self, op_seconds: float = 4e-6, flops_per_second: float = 50e9) -> None:
+        self.op_seconds = op_seconds
+        self.flops_per_second = flops_per_second
+        self.now = 0.0  # seconds
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` for real and advance the clock by what it cost; returns its result."""
+        out: list[Any] = []
+        count = count_flops(lambda: out.append(fn()))
+        self.now += count.ops * self.op_seconds + count.flops / self.flops_per_second
+        return out[0]
 
 
 class SlowItems(Dataset):
-    """Each item takes `ms` milliseconds to produce (think reading and decoding a file)."""
+    """Each item takes `ms` milliseconds of `cpu`'s time (think reading and decoding a file)."""
 
-    def __init__(self, n: int = 256, width: int = 16, ms: float = 3.0) -> None:
+    def __init__(self, cpu: SimulatedCpu, n: int = 256, width: int = 16, ms: float = 3.0) -> None:
+        self.cpu = cpu
         self.x = torch.randn(n, width)
         self.ms = ms
 
@@ -27,7 +51,7 @@ class SlowItems(Dataset):
         return len(self.x)
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        time.sleep(self.ms / 1e3)
+        self.cpu.now += self.ms / 1e3
         return self.x[i]
 
 
@@ -59,70 +83,44 @@ def profile_on_cpu(
     model: nn.Module,
     dataset: Dataset,
     *,
+    cpu: SimulatedCpu,
     batch_size: int,
     steps: int = 5,
     warmup: int = 1,
-    num_workers: int = 0,
     fetch_seconds_per_batch: dict[int, float] | None = None,
 ) -> Evidence:
-    """Train `model` for `warmup + steps` steps on CPU (loss: mean of the output) and return
-    the median of each phase over the measured steps as `Evidence`, with FLOPs, aten ops and
-    MFU against a measured matmul peak.
-
-    The data wait is wall time (a slow dataset sleeps or burns CPU in this thread). The other
-    phases are this thread's CPU time: with one intra-op thread torch runs them all on this
-    thread, so on an idle machine that equals their wall time, and on a shared machine it
-    leaves out the time other processes held the core — the classification then describes
-    the workload, not the neighbours.
-    """
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _profile(
-            model, dataset, batch_size, steps, warmup, num_workers, fetch_seconds_per_batch
-        )
-    finally:
-        torch.set_num_threads(previous_threads)
-
-
-def _profile(
-    model: nn.Module,
-    dataset: Dataset,
-    batch_size: int,
-    steps: int,
-    warmup: int,
-    num_workers: int,
-    fetch_seconds_per_batch: dict[int, float] | None,
-) -> Evidence:
+    """Train `model` for `warmup + steps` steps (loss: mean of the output) timed on `cpu`, and
+    return the median of each phase over the measured steps as `Evidence`, with FLOPs, aten
+    ops and MFU against `cpu`'s peak."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, drop_last=True)
+    loader = DataLoader(dataset, batch_size=batch_size, drop_last=True)
     batches = iter(loader)
 
     first = _unwrap(next(batches))
     count = count_flops(lambda: model(first).mean().backward())
     optimizer.zero_grad(set_to_none=True)
-    peak = measure_cpu_peak("fp32")
+
+    def optimize() -> None:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
     phases: dict[str, list[float]] = {
         p: [] for p in ("data_wait", "host_to_device", "forward", "backward", "optimizer")
     }
-    clock = time.thread_time
     for step in range(warmup + steps):
-        start = time.perf_counter()
+        marks = [cpu.now]
         batch = next(batches)
-        marks = [time.perf_counter() - start, clock()]
-        x = _unwrap(batch).to("cpu")
-        marks.append(clock())
-        loss = model(x).mean()
-        marks.append(clock())
-        loss.backward()
-        marks.append(clock())
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        marks.append(clock())
+        marks.append(cpu.now)
+        x = cpu.run(lambda b=batch: _unwrap(b).to("cpu"))
+        marks.append(cpu.now)
+        loss = cpu.run(lambda x=x: model(x).mean())
+        marks.append(cpu.now)
+        cpu.run(loss.backward)
+        marks.append(cpu.now)
+        cpu.run(optimize)
+        marks.append(cpu.now)
         if step >= warmup:
-            phases["data_wait"].append(marks[0])
-            for name, begin, end in zip(list(phases)[1:], marks[1:], marks[2:], strict=False):
+            for name, begin, end in zip(phases, marks, marks[1:], strict=False):
                 phases[name].append(end - begin)
     seconds = {name: statistics.median(values) for name, values in phases.items()}
     step_seconds = sum(seconds.values())
@@ -136,14 +134,14 @@ def _profile(
         optimizer_seconds=seconds["optimizer"],
         other_seconds=0.0,
         micro_batch=batch_size,
-        num_workers=num_workers,
+        num_workers=0,
         fetch_seconds_per_batch=fetch_seconds_per_batch,
         cpus=available_cpus(),
         device_type="cpu",
         precision="fp32",
         flops_per_step=count.flops,
         aten_ops_per_step=count.ops,
-        mfu=count.flops / step_seconds / peak.flops_per_second,
-        peak_source=peak.source,
+        mfu=count.flops / step_seconds / cpu.flops_per_second,
+        peak_source=f"simulated: {cpu.flops_per_second / 1e9:g} GFLOP/s",
         activation_bytes=count.activation_bytes,
     )

@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from thrifty.errors import ConfigError, ThriftyError
-from thrifty.measure.cost import CostConfig, CostMeter
+from thrifty.measure.cost import (
+    CostConfig,
+    CostMeter,
+    LostWork,
+    lost_work,
+    lost_work_before_resume,
+)
 from thrifty.plan.catalog import load_catalog
 
 CATALOG = """
@@ -153,3 +159,161 @@ def test_no_price_means_no_meter() -> None:
 def test_negative_elapsed_time_is_refused() -> None:
     with pytest.raises(ValueError):
         CostMeter.from_price(1.0).update(-1)
+
+
+def test_a_per_gpu_price_bills_one_gpu_per_process_unless_cost_gpus_says_otherwise() -> None:
+    config = CostConfig(usd_per_gpu_hour=2.0)
+    meter = CostMeter.from_config(config, world_size=64)
+    assert meter.gpus == 64
+    assert meter.usd_per_hour == pytest.approx(128.0)  # not one GPU's $2/hour
+    assert CostMeter.from_config(config).gpus == 1  # one process
+    pinned = CostMeter.from_config(CostConfig(usd_per_gpu_hour=2.0, gpus=8), world_size=64)
+    assert pinned.usd_per_hour == pytest.approx(16.0)
+
+
+def test_a_catalog_instance_bills_the_whole_instances_the_world_size_needs(
+    catalog_file: Path,
+) -> None:
+    config = CostConfig(instance="test.8x", catalog=str(catalog_file))
+    assert CostMeter.from_config(config, world_size=12).usd_per_hour == pytest.approx(64.0)
+    assert CostMeter.from_config(config, world_size=1).usd_per_hour == pytest.approx(32.0)
+
+
+def test_work_a_preemption_threw_away_is_billed_and_reported() -> None:
+    meter = CostMeter.from_price(2.0, gpus=2)  # $4/hour
+    meter.add_wasted(LostWork(seconds=1800, steps=50))
+    snapshot = meter.update(3600, tokens=1_000_000)
+    assert snapshot.usd == pytest.approx(6.0)  # the kept hour and the lost half hour
+    assert snapshot.wasted_usd == pytest.approx(2.0)
+    assert snapshot.elapsed_seconds == 3600  # training time kept in the run is unchanged
+    summary = meter.summary()
+    assert (summary.seconds, summary.gpu_hours) == (pytest.approx(5400), pytest.approx(3.0))
+    assert (summary.wasted_usd, summary.redone_steps) == (pytest.approx(2.0), 50)
+    assert "$2.00 of it paid for 50 steps a preemption threw away" in summary.describe()
+    assert meter.project(remaining_seconds=3600).total_usd == pytest.approx(10.0)
+
+
+def attempt(first: int, last: int, step_seconds: float, start: float) -> list[dict]:
+    """metrics.jsonl records of steps first..last, with a cost snapshot every 5 steps."""
+    records = []
+    for step in range(first, last + 1):
+        record = {"step": step, "loss": 1.0, "step_seconds": step_seconds}
+        if step % 5 == 0:
+            record["cost"] = {"elapsed_seconds": start + (step - first + 1) * step_seconds * 1.1}
+        records.append(record)
+    return records
+
+
+def test_the_steps_past_the_checkpoint_are_the_lost_work() -> None:
+    records = attempt(1, 10, 1.0, start=0.0)  # reached step 10, the checkpoint is at 6
+    lost = lost_work(records, step=6, seconds=6.2)
+    assert lost.steps == 4
+    # 4 s of step time, but the snapshot at step 10 (11 s) says 4.8 s went by after step 6
+    assert lost.seconds == pytest.approx(11.0 - 6.2)
+    assert lost_work(records, step=6) == LostWork(4.0, 4)  # step times alone
+    assert lost_work(records, step=10, seconds=11.0) == LostWork()
+
+
+def test_lost_work_adds_up_over_several_resumes_through_metrics_jsonl(tmp_path: Path) -> None:
+    from thrifty.rundir import MetricsLog, read_metrics, truncate_metrics
+
+    path = tmp_path / "metrics.jsonl"
+
+    def append(records: list[dict]) -> None:
+        log = MetricsLog(path)
+        log.write(records)
+        log.close()
+
+    append(attempt(1, 10, 1.0, start=0.0))
+    first = lost_work_before_resume(path, 6)  # killed at 10, resumed from 6
+    truncate_metrics(path, 6)
+    append([{"step": 6, "event": "resumed", **first.to_record()}])
+    append(attempt(7, 9, 2.0, start=6.0))
+    second = lost_work_before_resume(path, 7)  # killed at 9, resumed from 7
+    assert first == LostWork(4.0, 4)
+    assert second == LostWork(4.0 + 4.0, 4 + 2)
+    truncate_metrics(path, 7)
+    append([{"step": 7, "event": "resumed", **second.to_record()}])
+    assert max(r["step"] for r in read_metrics(path)) == 7
+    assert lost_work_before_resume(path, 7) == second  # nothing new lost
+
+
+def test_no_metrics_file_or_a_line_cut_short_by_the_kill_loses_nothing_known(
+    tmp_path: Path,
+) -> None:
+    assert lost_work_before_resume(tmp_path / "missing.jsonl", 3) == LostWork()
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 4, "step_seconds": 0.5}\n{"step": 5, "step_sec')
+    assert lost_work_before_resume(path, 3) == LostWork(0.5, 1)
+
+
+def test_cost_gpus_unset_in_a_config_file_means_the_world_size(tmp_path: Path) -> None:
+    from thrifty.config import load_config
+
+    job = tmp_path / "job.toml"
+    job.write_text(
+        "[run]\nmax_steps = 1\n[cost]\nusd_per_gpu_hour = 2.0\n"
+        '[task]\nmodel = "m:f"\ntrain_data = "m:d"\n'
+    )
+    assert load_config(job, []).cost.gpus is None
+    with pytest.raises(ConfigError, match=r"^cost.gpus = 0 is invalid: .*unset: one per process"):
+        load_config(job, [("cost.gpus", "0")])
+
+
+def test_a_run_killed_past_its_checkpoint_bills_the_redone_steps_after_resuming(
+    tmp_path: Path,
+) -> None:
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from thrifty.rundir import read_metrics
+
+    job = tmp_path / "job.toml"
+    job.write_text(
+        '[run]\nmax_steps = 400\nlog_every = 1\nprogress = "off"\n[batch]\nmicro = 4\n'
+        '[data]\nnum_workers = 0\n[checkpoint]\nevery = 4\n[spot]\nprovider = "none"\n'
+        "[cost]\nusd_per_gpu_hour = 3.6\n[measure]\nsystem = false\n"
+        '[task]\nmodel = "thrifty.demo:build_model"\ntrain_data = "thrifty.demo:train_dataset"\n'
+        "model_args = { n_layer = 2, n_head = 2, n_embd = 32, block_size = 32 }\n"
+        "data_args = { block_size = 32, max_bytes = 100000 }\n"
+    )
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "thrifty", "train", str(job), "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "THRIFTY_SPOT_PROVIDER": "none"}
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    metrics = out / "metrics.jsonl"
+
+    def steps_logged() -> int:
+        try:
+            return max((r["step"] for r in read_metrics(metrics) if "loss" in r), default=0)
+        except (FileNotFoundError, json.JSONDecodeError):
+            return 0
+
+    try:
+        deadline = time.monotonic() + 120
+        while steps_logged() < 9 or steps_logged() % 4 not in (1, 2):  # past a checkpoint
+            assert proc.poll() is None and time.monotonic() < deadline, "run ended early"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)  # no emergency checkpoint: the work is lost
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()  # type: ignore[union-attr]
+    reached = steps_logged()
+    saved = max(int(p.parent.name[5:]) for p in out.glob("checkpoints/step-*/manifest.json"))
+    assert saved < reached
+    again = subprocess.run(
+        [*command, "--steps", str(reached + 1)], capture_output=True, text=True, env=env
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    cost = json.loads((out / "summary.json").read_text())["cost"]
+    assert cost["redone_steps"] == reached - saved
+    assert 0 < cost["wasted_usd"] < cost["usd"]
+    assert cost["wasted_usd"] == pytest.approx(cost["wasted_seconds"] * 3.6 / 3600)
+    resumed = [r for r in read_metrics(metrics) if r.get("event") == "resumed"]
+    assert resumed[-1]["redone_steps"] == reached - saved

@@ -65,6 +65,30 @@ def test_high_mfu_is_compute_bound() -> None:
     assert "47% of peak" in diagnosis.evidence[0]  # judged on compute time: 0.45 × 100 / 95
 
 
+def test_a_cpu_run_slowed_by_neighbours_is_judged_on_the_time_it_held_the_cpu() -> None:
+    """The same compute-bound job on a shared machine: another process held the core 3/4 of
+    the time, so every compute phase took 4x its wall time and the MFU over the step fell to
+    a quarter. The CPU time the run held is what it was given; judged on it, it still is
+    compute-bound (against a peak timed the same way)."""
+    slowed = {"forward_seconds": 0.120, "backward_seconds": 0.240, "optimizer_seconds": 0.020}
+    cpu = {
+        "step_seconds": 0.383,
+        "device_type": "cpu",
+        "device_name": None,
+        "precision": "fp32",
+        "native_bf16": False,
+        "mfu": 0.45 * 0.100 / 0.383,
+        **slowed,
+    }
+    wall_only = diagnose(_compute_heavy(**cpu))
+    assert wall_only.bottleneck == "memory_bound"  # what a neighbour's load used to do
+    held = {"forward": 0.030, "backward": 0.060, "optimizer": 0.005}
+    diagnosis = diagnose(_compute_heavy(**cpu, busy_seconds=held))
+    assert diagnosis.bottleneck == "compute_bound"
+    assert "47% of peak" in diagnosis.evidence[0]
+    assert diagnosis.measured.seconds_per_op == pytest.approx(0.090 / 1200)
+
+
 def test_tiny_ops_with_low_mfu_are_overhead_bound() -> None:
     diagnosis = diagnose(_compute_heavy(mfu=0.02, aten_ops_per_step=9000))  # 10 µs per op
     assert diagnosis.bottleneck == "overhead_bound"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
 from thrifty.errors import ConfigError, ThriftyError
+from thrifty.measure import peak as peak_module
 from thrifty.measure.peak import bf16_speedup, match_gpu, peak_flops
 from thrifty.plan.catalog import load_catalog
 
@@ -17,6 +19,7 @@ CUDA = torch.device("cuda")
 @pytest.fixture(autouse=True)
 def _builtin_catalog(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("THRIFTY_CATALOG", raising=False)
+    monkeypatch.delenv("THRIFTY_PEAK_TFLOPS", raising=False)  # the suite pins it; not here
 
 
 @pytest.fixture
@@ -128,7 +131,45 @@ def test_cpu_peak_is_measured_positive_and_labelled() -> None:
     peak = peak_flops(torch.device("cpu"), "fp32")
     assert peak.measured
     assert peak.source.startswith("measured")
-    assert peak.flops_per_second > 1e8  # any CPU of this century
+    assert peak.flops_per_second > 0
+
+
+def test_the_environment_pins_the_peak_and_skips_the_benchmark(monkeypatch, gpu_named) -> None:
+    def benchmark(*args: object) -> None:
+        raise AssertionError("the CPU benchmark ran")
+
+    monkeypatch.setattr(peak_module, "measure_cpu_peak", benchmark)
+    monkeypatch.setenv("THRIFTY_PEAK_TFLOPS", "2.5")
+    peak = peak_flops(torch.device("cpu"), "fp32")
+    assert peak.flops_per_second == pytest.approx(2.5e12) and not peak.measured
+    assert peak.source == "given: 2.5 TFLOP/s (THRIFTY_PEAK_TFLOPS)"
+    gpu_named("NVIDIA H100 80GB HBM3")
+    assert peak_flops(CUDA, "bf16").flops_per_second == pytest.approx(2.5e12)
+    assert peak_flops(CUDA, "bf16", given_tflops=7).flops_per_second == pytest.approx(7e12)
+
+
+@pytest.mark.parametrize("value", ["fast", "0", "-1", "nan"])
+def test_a_bad_peak_in_the_environment_is_one_clear_error(monkeypatch, value: str) -> None:
+    monkeypatch.setenv("THRIFTY_PEAK_TFLOPS", value)
+    with pytest.raises(ConfigError) as caught:
+        peak_flops(torch.device("cpu"), "fp32")
+    assert str(caught.value) == (
+        f"THRIFTY_PEAK_TFLOPS = {value!r} is invalid: give the peak in TFLOP/s, a number greater "
+        "than 0 (e.g. THRIFTY_PEAK_TFLOPS=1.5), or unset it to use the catalog or measure"
+    )
+
+
+def test_a_matmul_is_timed_in_the_seconds_the_process_held_the_cpu(monkeypatch) -> None:
+    """A neighbour holds the core 3/4 of the time: the wall clock runs 4x the CPU clock."""
+    wall = iter([10.0, 10.4])
+    cpu = iter([5.0, 5.1])
+    fake_time = types.SimpleNamespace(
+        perf_counter=lambda: next(wall), process_time=lambda: next(cpu)
+    )
+    monkeypatch.setattr(peak_module, "time", fake_time)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    seconds = peak_module._time_matmul(torch.ones(2, 2), torch.ones(2, 2))
+    assert seconds == pytest.approx(0.1)
 
 
 def test_a_device_without_a_peak_table_asks_for_one() -> None:

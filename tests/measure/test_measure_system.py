@@ -141,3 +141,53 @@ def test_stop_ends_the_thread_and_interval_must_be_positive() -> None:
     assert thread is not None and not thread.is_alive()
     with pytest.raises(ValueError, match="interval_seconds"):
         SystemSampler(interval_seconds=0)
+
+
+def _fake_nvml_of(uuids: list[str | bytes]) -> types.SimpleNamespace:
+    """NVML seeing several GPUs, in its own order (it ignores CUDA_VISIBLE_DEVICES)."""
+    nvml = _fake_nvml(power_fails=False)
+    nvml.nvmlDeviceGetCount = lambda: len(uuids)
+    nvml.nvmlDeviceGetUUID = lambda handle: uuids[int(handle.removeprefix("gpu"))]
+    return nvml
+
+
+def _torch_with_device_uuids(monkeypatch: pytest.MonkeyPatch, uuids: dict[int, str]) -> None:
+    import torch
+
+    props = {i: types.SimpleNamespace(uuid=u) for i, u in uuids.items()}
+
+    def get_device_properties(device: object) -> types.SimpleNamespace:
+        return props[device if isinstance(device, int) else torch.device(device).index]
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", get_device_properties)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+
+
+def test_the_gpu_sampled_is_the_training_device_matched_by_uuid(monkeypatch) -> None:
+    uuid_a, uuid_b = "0a1b2c3d-0000-1111-2222-333344445555", "9f8e7d6c-0000-1111-2222-333344445555"
+    # CUDA numbers the GPUs A, B; NVML lists them B, A (and as bytes, as older versions do)
+    monkeypatch.setitem(
+        sys.modules, "pynvml", _fake_nvml_of([f"GPU-{uuid_b}".encode(), f"GPU-{uuid_a}"])
+    )
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # the first entry is not the device
+    _torch_with_device_uuids(monkeypatch, {0: uuid_a, 1: uuid_b})
+    for device, nvml_handle in (("cuda:0", "gpu1"), ("cuda:1", "gpu0")):
+        sampler = SystemSampler(device=device)
+        sampler._open_nvml()
+        assert sampler._handle == nvml_handle
+    sampler = SystemSampler()  # no device given: the current one (cuda:1 here)
+    sampler._open_nvml()
+    assert sampler._handle == "gpu0"
+
+
+def test_a_device_uuid_nvml_does_not_list_is_said_and_the_gpu_not_sampled(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml_of(["GPU-ffff"]))
+    _torch_with_device_uuids(monkeypatch, {0: "0a1b"})
+    with caplog.at_level(logging.WARNING, logger="thrifty"):
+        sampler = SystemSampler(device="cuda:0")
+        sampler._open_nvml()
+    assert sampler.sources == []
+    assert any("has the UUID 0a1b" in r.getMessage() for r in caplog.records)

@@ -6,6 +6,7 @@ Importing this package does not import fsspec or any cloud SDK; they load when a
 from thrifty.checkpoint.errors import (
     CheckpointError,
     CorruptCheckpointError,
+    NoValidCheckpointError,
     TransientStorageError,
     UnsafeCheckpointError,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "FsspecStorage",
     "LocalStorage",
     "Manifest",
+    "NoValidCheckpointError",
     "RetryPolicy",
     "Storage",
     "TransientStorageError",

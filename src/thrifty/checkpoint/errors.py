@@ -23,3 +23,7 @@ class CorruptCheckpointError(CheckpointError):
 
 class UnsafeCheckpointError(CheckpointError):
     """A checkpoint file holds pickled code; thrifty refuses to execute code from a checkpoint."""
+
+
+class NoValidCheckpointError(CheckpointError):
+    """Checkpoints exist at the location but none verifies: resuming would silently start over."""

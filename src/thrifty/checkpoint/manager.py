@@ -1,59 +1,56 @@
 """Spot-safe checkpoints: asynchronous save, atomic publish, verified resume, bounded retention.
 
-`save()` blocks training only while the state is copied to host memory. One background thread
-then writes the checkpoint to local disk (temporary name, fsync, rename; manifest last), uploads
-it when the location is remote (files first, manifest last) and deletes old checkpoints
-(manifest first, and only once a newer one is published). A SIGKILL at any of those moments
-leaves either a folder with no manifest, which readers ignore, or a complete checkpoint.
+`save()` blocks training only while the state is copied to host memory. A background thread
+then writes the checkpoint to local disk (temporary name, fsync, rename; manifest last) and
+deletes old checkpoints (manifest first, and only once a newer one is published). When the
+location is remote, a second thread uploads (files first, manifest last; see `upload.py`), so a
+slow or absent bucket never holds up the next save. A SIGKILL at any of those moments leaves
+either a folder with no manifest, which readers ignore, or a complete checkpoint.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
-import torch
-
-from thrifty.checkpoint.errors import CheckpointError, CorruptCheckpointError, TransientStorageError
+from thrifty.checkpoint.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    NoValidCheckpointError,
+)
 from thrifty.checkpoint.loading import (
-    STATE_FILE,
     download_checkpoint,
     load_checkpoint,
     load_state,
 )
 from thrifty.checkpoint.manifest import (
     MANIFEST,
-    FileEntry,
     Manifest,
     clean_metric,
     read_published,
     scan,
-    sha256_file,
     step_dir,
-    utc_now,
     verify_dir,
 )
-from thrifty.checkpoint.retention import checkpoints_to_keep
+from thrifty.checkpoint.probe import probe_storage
+from thrifty.checkpoint.retention import checkpoints_to_keep, purge
 from thrifty.checkpoint.retry import RetryPolicy
 from thrifty.checkpoint.snapshot import HostBuffers, copy_to_host
 from thrifty.checkpoint.storage import (
     LocalStorage,
     Storage,
-    atomic_write_bytes,
-    fsync_dir,
-    fsync_file,
     is_remote,
     local_error,
     open_storage,
     redact,
 )
+from thrifty.checkpoint.upload import Uploader
+from thrifty.checkpoint.writing import write_checkpoint
 from thrifty.errors import ConfigError
 
 log = logging.getLogger("thrifty.checkpoint")
@@ -70,23 +67,15 @@ class CheckpointInfo:
     path: str | None = None
 
 
-def _versions() -> tuple[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("thrifty"), torch.__version__
-    except PackageNotFoundError:
-        return "unknown", torch.__version__
-
-
 class CheckpointManager:
     """Save, find and load checkpoints at `location`: a local directory or an fsspec URL.
 
     With a URL, `local_dir` is required: checkpoints are written there first and uploaded in the
     background, and a local copy is kept until its upload is confirmed. With a local `location`,
-    `local_dir` is ignored. Transient storage errors are retried `upload_retries` times with
-    exponential backoff from `retry_backoff` seconds; when they run out the checkpoint stays
-    local, training goes on, and the next save uploads it. Call it from one thread only.
+    `local_dir` is ignored. Transient storage errors are retried with exponential backoff from
+    `retry_backoff` seconds: an upload until `upload_deadline` seconds have passed, a read or a
+    listing `upload_retries` times. When an upload gives up the checkpoint stays local, training
+    goes on, and the next save uploads it. Call it from one thread only.
     """
 
     def __init__(
@@ -99,17 +88,9 @@ class CheckpointManager:
         storage_options: Mapping[str, Any] | None = None,
         upload_retries: int = 5,
         retry_backoff: float = 1.0,
+        upload_deadline: float = 90.0,
     ) -> None:
-        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 2:
-            raise ConfigError(
-                f"checkpoint.keep_last must be an integer of at least 2, got {keep_last!r}: "
-                "with one checkpoint a corrupt newest one leaves nothing to resume from"
-            )
-        if upload_retries < 0 or retry_backoff < 0:
-            raise ConfigError(
-                "checkpoint.upload_retries and checkpoint.retry_backoff must be >= 0, got "
-                f"{upload_retries!r} and {retry_backoff!r}"
-            )
+        _check_settings(keep_last, upload_retries, retry_backoff, upload_deadline)
         self.location = redact(location.rstrip("/")) if is_remote(location) else ""
         self.keep_last = keep_last
         self.keep_best = keep_best
@@ -126,10 +107,23 @@ class CheckpointManager:
         self._local = LocalStorage(local_dir if local_dir and self._remote else location)
         self.local_dir = self._local.root
         self.location = self.location or self.local_dir
+        self.upload_deadline = upload_deadline
         self.last_stall_seconds = 0.0
         self.last_save_seconds = 0.0
         self._buffers = HostBuffers()
-        self._io_lock = threading.RLock()  # one of: the background job, latest(), load()
+        # Held for every change to local_dir: the write job, latest(), load(), upload purges.
+        self._io_lock = threading.RLock()
+        self._uploader: Uploader | None = None
+        if self._remote is not None:
+            self._uploader = Uploader(
+                self._local,
+                self._remote,
+                keep=self._keep,
+                retry=self._retry,
+                deadline=upload_deadline,
+                lock=self._io_lock,
+            )
+        self._newest_written: int | None = None
         self._idle = threading.Event()
         self._idle.set()
         self._wake = threading.Condition()
@@ -137,8 +131,6 @@ class CheckpointManager:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._closed = False
-        self._pending: list[int] = []
-        self._confirmed: dict[int, Manifest] = {}  # the remote's published checkpoints, last seen
         self._verified_files: dict[str, tuple[object, ...]] = {}
 
     def __repr__(self) -> str:
@@ -168,8 +160,9 @@ class CheckpointManager:
     ) -> None:
         """Copy `state` to host memory and write it in the background; return at once after.
 
-        Waits first for the previous save (raising its error if it failed permanently). The
-        caller is blocked only for that wait and the copy: `last_stall_seconds` (seconds).
+        Waits first for the previous save's local write (raising its error if it failed
+        permanently), never for an upload. The caller is blocked only for that wait and the
+        copy: `last_stall_seconds` (seconds).
         `metric` ranks checkpoints for keep_best (lower is better; NaN is not ranked).
         `extra_files` are files already written into `begin(step)`'s folder (sharded
         checkpoints): they are hashed into the manifest and uploaded with the state.
@@ -195,12 +188,13 @@ class CheckpointManager:
         self._raise_pending()
         name = step_dir(step)
         folder = self._local.path(name)
-        try:
-            self._local.delete(f"{name}/{MANIFEST}")  # stop trusting an old copy first
-            self._local.delete(name)
-            os.makedirs(folder, exist_ok=True)
-        except OSError as exc:
-            raise local_error(exc, f"prepare checkpoint step {step}", folder) from exc
+        with self._io_lock:
+            try:
+                self._local.delete(f"{name}/{MANIFEST}")  # stop trusting an old copy first
+                self._local.delete(name)
+                os.makedirs(folder, exist_ok=True)
+            except OSError as exc:
+                raise local_error(exc, f"prepare checkpoint step {step}", folder) from exc
         return folder
 
     def _check_step(self, step: int) -> None:
@@ -209,82 +203,129 @@ class CheckpointManager:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise CheckpointError(f"checkpoint step must be a non-negative integer, got {step!r}")
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait up to `timeout` seconds for the save in flight; True when none is left.
+    def wait(self, timeout: float | None = None, *, uploads: bool = True) -> bool:
+        """Wait up to `timeout` seconds for the save in flight and (with `uploads`) its upload;
+        True when done.
 
-        Raises the background save's error if it failed permanently. Transient upload failures
-        are not errors: see `pending_uploads`.
+        Raises the background save's error if it failed permanently. An upload that gave up on
+        an unreachable location is not an error: see `pending_uploads` and `upload_status()`.
         """
+        until = None if timeout is None else time.monotonic() + timeout
         done = self._idle.wait(timeout)
+        if done and uploads and self._uploader is not None:
+            done = self._uploader.wait(None if until is None else until - time.monotonic())
         if done:
             self._raise_pending()
         return done
 
-    def close(self, timeout: float | None = 300.0) -> bool:
-        """Wait up to `timeout` seconds for the save in flight, then stop the background thread.
+    def close(self, timeout: float | None = None) -> bool:
+        """Wait for the save in flight, then up to `timeout` seconds (default: upload_deadline)
+        for its upload, and stop the background threads.
 
-        Returns False if the save was still running; it then goes on until the process exits.
+        The local write is waited for without a limit: it only touches local disk, and cutting
+        it short would lose the newest checkpoint. Returns False if the upload was still going;
+        the checkpoint then stays in local_dir (see `upload_status()`).
         """
-        done = self._idle.wait(timeout)
+        self._idle.wait()
         with self._wake:
             self._closed = True
             self._wake.notify()
-        if done and self._thread is not None:
+        if self._thread is not None:
             self._thread.join(timeout=5.0)
-        if done:
-            self._buffers = HostBuffers()  # give back the host copy of the state
-            self._raise_pending()
+        self._buffers = HostBuffers()  # give back the host copy of the state
+        done = True
+        if self._uploader is not None:
+            done = self._uploader.wait(self.upload_deadline if timeout is None else timeout)
+            self._uploader.close()
+        self._raise_pending()
         return done
 
     @property
     def pending_uploads(self) -> list[int]:
-        """Steps kept in local_dir because their upload is not confirmed, as of the last save.
+        """Steps kept in local_dir because their upload is not confirmed yet.
 
         No I/O: safe to read on the way out of a preempted run. Always empty for a local location.
         """
-        return list(self._pending)
+        return [] if self._uploader is None else self._uploader.pending
 
-    def check(self) -> None:
-        """Write, read back and delete a small file at the location; raise a one-line error.
+    def upload_status(self) -> dict[str, Any]:
+        """Where the newest checkpoint this manager knows of is. No I/O.
 
-        Call it before training so that a wrong bucket, missing credentials or an unreachable
-        endpoint fail at once rather than at the first checkpoint.
+        `newest_step` (None before any save), `uploaded` (True once it is at `location`; always
+        for a local location), `local_path` (its folder on this machine), `location`, and
+        `error`: why it is not uploaded (None when it is).
         """
-        probe = ".thrifty-write-test"
-        for storage in (self._local, self._remote):
-            if storage is None:
-                continue
-            self._retry.call(partial(storage.write_bytes, probe, b"ok"), "check")
-            data = self._retry.call(partial(storage.read_bytes, probe), "check")
-            self._retry.call(partial(storage.delete, probe), "check")
-            if data != b"ok":
-                raise CheckpointError(
-                    f"{redact(storage.uri)} returned other bytes than were written to it: "
-                    "check the storage endpoint"
-                )
+        if self._uploader is not None:
+            return self._uploader.status()
+        newest = self._newest_written
+        return {
+            "newest_step": newest,
+            "uploaded": True,
+            "local_path": None if newest is None else self._local.path(step_dir(newest)),
+            "location": self.location,
+            "error": None,
+        }
+
+    def probe(self) -> None:
+        """Write, read back and delete a small file at the location (and in local_dir).
+
+        Call it before training so that a read-only directory, a path that is a file, a wrong
+        bucket, missing credentials or an unreachable endpoint fail at once, in one line naming
+        the location and the fix, rather than at the first checkpoint.
+        """
+        local_key = "checkpoint.local_dir" if self._remote is not None else "checkpoint.location"
+        probe_storage(self._local, local_key, self._retry)
+        if self._remote is not None:
+            probe_storage(self._remote, "checkpoint.location", self._retry)
+
+    def has_checkpoints(self) -> bool:
+        """True when a checkpoint folder with a manifest is at the location or in local_dir,
+        whether or not it verifies (reads manifests only; no hashing, no download)."""
+        with self._io_lock:
+            listings = [scan(self._local)]
+            if self._remote is not None:
+                remote = self._remote
+                listings.append(self._retry.call(lambda: scan(remote), "list checkpoints"))
+        return any(listing.published or listing.damaged for listing in listings)
 
     # --- resume ------------------------------------------------------------------------------
 
     def latest(self) -> CheckpointInfo | None:
-        """The newest checkpoint whose files match its manifest, or None.
+        """The newest checkpoint whose files match its manifest; None when there is none at all.
 
         Looks in local_dir and, for a URL, at the remote location; a remote checkpoint is
         downloaded into local_dir to be verified. One that does not match its manifest is
-        skipped with a warning naming it, and the previous one is tried.
+        skipped with a warning naming it, and the previous one is tried. When checkpoints exist
+        but none verifies, raises NoValidCheckpointError: starting over would silently throw
+        the run away. Nothing is deleted either way.
         """
         with self._io_lock:
-            local = scan(self._local, warn=True)[0]
+            local = scan(self._local, warn=True)
+            failures = dict(local.damaged)
             remote: dict[int, Manifest] = {}
             if self._remote is not None:
                 remote_storage = self._remote
-                remote = self._retry.call(
-                    lambda: scan(remote_storage, warn=True)[0], "list checkpoints"
+                listing = self._retry.call(
+                    lambda: scan(remote_storage, warn=True), "list checkpoints"
                 )
-            for step in sorted(set(local) | set(remote), reverse=True):
-                info = self._verified(step, local.get(step), remote.get(step))
+                remote = listing.published
+                failures = {**listing.damaged, **failures}
+            for step in sorted(set(local.published) | set(remote), reverse=True):
+                info = self._verified(step, local.published.get(step), remote.get(step), failures)
                 if info is not None:
                     return info
+            if failures:
+                raise NoValidCheckpointError(self._none_valid(failures))
             return None
+
+    def _none_valid(self, failures: Mapping[int, str]) -> str:
+        count = f"{len(failures)} fail" if len(failures) > 1 else "the only one fails"
+        return (
+            f"no valid checkpoint at {self.location}: {count} verification (newest: "
+            f"{failures[max(failures)]}); nothing was deleted: resume from one you trust with "
+            "--resume PATH (checkpoint.resume), or start fresh with --overwrite "
+            "(run.overwrite = true)"
+        )
 
     def load(self, ref: CheckpointInfo | str) -> dict[str, Any]:
         """Load a checkpoint's state onto the CPU after checking it against its manifest.
@@ -306,7 +347,7 @@ class CheckpointManager:
                 remote = self._retry.call(
                     lambda: read_published(remote_storage, ref.step), f"load {ref.uri}"
                 )
-            info = self._verified(ref.step, self._local_manifest(ref.step), remote)
+            info = self._verified(ref.step, self._local_manifest(ref.step), remote, {})
             manifest = self._local_manifest(ref.step)
             if info is None or manifest is None:
                 raise CorruptCheckpointError(
@@ -347,131 +388,29 @@ class CheckpointManager:
 
     def _raise_pending(self) -> None:
         error, self._error = self._error, None
+        if error is None and self._uploader is not None:
+            error = self._uploader.take_failure()
         if error is not None:
             raise error
 
     def _save_job(
         self, step: int, state: Any, metric: float | None, start: float, extra: tuple[str, ...]
     ) -> None:
-        self._write_local(step, state, metric, extra)
+        write_checkpoint(self._local, step, state, metric, extra)
         del state
+        self._newest_written = step
         log.info("checkpoint step %d written to %s", step, self.local_dir)
-        if self._remote is not None:
-            self._sync_remote(self._remote)
+        if self._uploader is not None:
+            self._uploader.staged()
         else:
-            published, orphans = scan(self._local)
-            self._purge(self._local, published, self._keep(published), orphans)
+            listing = scan(self._local)
+            purge(self._local, listing.published, self._keep(listing.published), listing.orphans)
+        # Until the checkpoint is on local disk: an upload no longer holds up the next save.
         self.last_save_seconds = time.perf_counter() - start
-
-    def _write_local(
-        self, step: int, state: Any, metric: float | None, extra: tuple[str, ...] = ()
-    ) -> None:
-        name = step_dir(step)
-        folder = self._local.path(name)
-        tmp = os.path.join(folder, STATE_FILE + ".tmp")
-        try:
-            # Saving a step that exists: stop trusting the old copy before touching its files.
-            self._local.delete(f"{name}/{MANIFEST}")
-            os.makedirs(folder, exist_ok=True)
-            torch.save(state, tmp)
-            fsync_file(tmp)
-            # Hashing reads the fresh file back: the manifest describes what landed on disk.
-            entries = [FileEntry(STATE_FILE, os.path.getsize(tmp), sha256_file(tmp))]
-            for rel in extra:
-                path = os.path.join(folder, rel)
-                entries.append(FileEntry(rel, os.path.getsize(path), sha256_file(path)))
-            os.replace(tmp, os.path.join(folder, STATE_FILE))
-            fsync_dir(folder)
-            thrifty_version, torch_version = _versions()
-            manifest = Manifest(
-                step, tuple(entries), utc_now(), metric, thrifty_version, torch_version
-            )
-            atomic_write_bytes(os.path.join(folder, MANIFEST), manifest.to_json())
-            fsync_dir(self._local.root)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
-            raise local_error(exc, f"write checkpoint step {step}", folder) from exc
 
     def _keep(self, published: Mapping[int, Manifest]) -> set[int]:
         metrics = {step: manifest.metric for step, manifest in published.items()}
         return checkpoints_to_keep(metrics, keep_last=self.keep_last, keep_best=self.keep_best)
-
-    def _sync_remote(self, remote: Storage) -> None:
-        """Upload what retention keeps, newest first, then purge both sides.
-
-        When the storage stays unreachable through every retry, checkpoints stay in local_dir
-        and training goes on; the next save tries again.
-        """
-        try:
-            self._pending = self._upload_and_purge(remote)
-        except TransientStorageError as exc:
-            confirmed = self._confirmed
-            self._pending = sorted(
-                s for s, m in scan(self._local)[0].items() if confirmed.get(s) != m
-            )
-            log.warning(
-                "checkpoints stay in %s until %s can be reached: %s",
-                self.local_dir,
-                self.location,
-                exc,
-            )
-
-    def _upload_and_purge(self, remote: Storage) -> list[int]:
-        """Returns the steps still waiting for their upload (none, unless an error cut in)."""
-        local, local_orphans = scan(self._local)
-        published, orphans = self._retry.call(lambda: scan(remote), "list checkpoints")
-        self._confirmed = published
-        keep = self._keep({**published, **local})
-        for step in sorted(local, reverse=True):
-            if step in keep and published.get(step) != local[step]:
-                self._upload(remote, step, local[step], replacing=step in published)
-                published[step] = local[step]
-        self._purge(remote, published, self._keep(published), orphans)
-        # Locally keep the newest (a restart on this machine needs no download) and whatever
-        # retention keeps that is not confirmed remotely yet.
-        newest = max(local, default=-1)
-        unconfirmed = {s for s, m in local.items() if s in keep and published.get(s) != m}
-        self._purge(self._local, local, unconfirmed | {newest}, local_orphans)
-        return sorted(unconfirmed)
-
-    def _upload(self, remote: Storage, step: int, manifest: Manifest, *, replacing: bool) -> None:
-        name = step_dir(step)
-        if replacing:
-            self._retry.call(lambda: remote.delete(f"{name}/{MANIFEST}"), f"upload {name}")
-        for entry in manifest.files:
-            source = self._local.path(f"{name}/{entry.name}")
-            target = f"{name}/{entry.name}"
-
-            def put(source: str = source, target: str = target, size: int = entry.size) -> None:
-                remote.upload(source, target)
-                if remote.size(target) != size:
-                    raise TransientStorageError(
-                        f"{redact(remote.uri)}/{target} has the wrong size after upload"
-                    )
-
-            self._retry.call(put, f"upload {target}")
-        self._retry.call(
-            lambda: remote.write_bytes(f"{name}/{MANIFEST}", manifest.to_json()), f"upload {name}"
-        )
-        log.info("checkpoint step %d uploaded to %s", step, self.location)
-
-    def _purge(
-        self, storage: Storage, published: dict[int, Manifest], keep: set[int], orphans: list[int]
-    ) -> None:
-        """Delete published checkpoints not in `keep` (manifest first) and stale partial ones."""
-        newest = max(published, default=None)
-        if newest is None:
-            return
-        for step in sorted(published):
-            if step not in keep and step < newest:
-                name = step_dir(step)
-                self._retry.call(partial(storage.delete, f"{name}/{MANIFEST}"), "purge")
-                self._retry.call(partial(storage.delete, name), "purge")
-                del published[step]
-        # Folders without a manifest below the newest step are leftovers of a killed save.
-        for name in [step_dir(step) for step in orphans if step < newest]:
-            self._retry.call(partial(storage.delete, name), "purge")
 
     # --- finding and verifying ---------------------------------------------------------------
 
@@ -495,9 +434,14 @@ class CheckpointManager:
             self._verified_files[folder] = stamp
 
     def _verified(
-        self, step: int, local: Manifest | None, remote: Manifest | None
+        self,
+        step: int,
+        local: Manifest | None,
+        remote: Manifest | None,
+        failures: dict[int, str],
     ) -> CheckpointInfo | None:
-        """Info for a checkpoint whose local copy matches its manifest (downloading if needed)."""
+        """Info for a checkpoint whose local copy matches its manifest (downloading if needed);
+        None when it does not, with the reason recorded in `failures`."""
         name = step_dir(step)
         folder = self._local.path(name)
         remote_uri = f"{self.location}/{name}"
@@ -509,6 +453,7 @@ class CheckpointManager:
                 return CheckpointInfo(step, uri, local.metric, local.created, folder)
             except CorruptCheckpointError as exc:
                 log.warning("skipping checkpoint %s: %s; trying an earlier one", where, exc)
+                failures[step] = str(exc)
         if remote is not None and self._remote is not None:
             remote_storage = self._remote
             try:
@@ -519,7 +464,23 @@ class CheckpointManager:
                 return CheckpointInfo(step, remote_uri, remote.metric, remote.created, folder)
             except CorruptCheckpointError as exc:
                 log.warning("skipping checkpoint %s: %s; trying an earlier one", remote_uri, exc)
+                failures.setdefault(step, str(exc))
         return None
+
+
+def _check_settings(
+    keep_last: int, upload_retries: int, retry_backoff: float, upload_deadline: float
+) -> None:
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 2:
+        raise ConfigError(
+            f"checkpoint.keep_last must be an integer of at least 2, got {keep_last!r}: "
+            "with one checkpoint a corrupt newest one leaves nothing to resume from"
+        )
+    if upload_retries < 0 or retry_backoff < 0 or upload_deadline < 0:
+        raise ConfigError(
+            "checkpoint.upload_retries, checkpoint.retry_backoff and checkpoint.upload_deadline "
+            f"must be >= 0, got {upload_retries!r}, {retry_backoff!r} and {upload_deadline!r}"
+        )
 
 
 def _stamp(folder: str, manifest: Manifest) -> tuple[object, ...] | None:

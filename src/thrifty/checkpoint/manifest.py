@@ -15,7 +15,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from thrifty.checkpoint.errors import CorruptCheckpointError
 from thrifty.checkpoint.storage import Storage, redact
@@ -189,13 +189,23 @@ def read_published(storage: Storage, step: int) -> Manifest | None:
     return manifest
 
 
-def scan(storage: Storage, *, warn: bool = False) -> tuple[dict[int, Manifest], list[int]]:
-    """Published checkpoints (step -> manifest) and the steps of folders with no manifest.
+class Listing(NamedTuple):
+    """The checkpoint folders of a location, by step.
 
-    A folder whose manifest is unreadable counts as neither; `warn` logs it by name.
+    `published`: step -> manifest; `orphans`: folders with no manifest (a save that never
+    finished); `damaged`: step -> why its manifest could not be read. A damaged folder may
+    still be a checkpoint someone wants back, so nothing deletes it.
     """
-    published: dict[int, Manifest] = {}
-    orphans: list[int] = []
+
+    published: dict[int, Manifest]
+    orphans: list[int]
+    damaged: dict[int, str]
+
+
+def scan(storage: Storage, *, warn: bool = False) -> Listing:
+    """The published, unfinished and damaged checkpoint folders of `storage`; `warn` logs each
+    damaged one by name."""
+    listing = Listing({}, [], {})
     for name in storage.list():
         match = _STEP_DIR.match(name)
         if match is None:
@@ -206,9 +216,10 @@ def scan(storage: Storage, *, warn: bool = False) -> tuple[dict[int, Manifest], 
         except CorruptCheckpointError as exc:
             if warn:
                 log.warning("skipping checkpoint %s/%s: %s", redact(storage.uri), name, exc)
+            listing.damaged[step] = str(exc)
             continue
         if manifest is None:
-            orphans.append(step)
+            listing.orphans.append(step)
         else:
-            published[step] = manifest
-    return published, orphans
+            listing.published[step] = manifest
+    return listing

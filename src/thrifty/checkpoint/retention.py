@@ -1,8 +1,13 @@
-"""Which checkpoints to keep: the newest `keep_last`, plus the best by metric if asked."""
+"""Which checkpoints to keep (the newest `keep_last`, plus the best by metric if asked), and
+deleting the others safely."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from thrifty.checkpoint.manifest import MANIFEST, step_dir
+from thrifty.checkpoint.storage import Storage
 
 
 def checkpoints_to_keep(
@@ -20,3 +25,35 @@ def checkpoints_to_keep(
         if ranked:
             keep.add(-min(ranked)[1])
     return keep
+
+
+def _direct(fn: Callable[[], Any], what: str) -> Any:
+    return fn()
+
+
+def purge(
+    storage: Storage,
+    published: dict[int, Any],
+    keep: set[int],
+    orphans: list[int],
+    call: Callable[[Callable[[], Any], str], Any] = _direct,
+) -> None:
+    """Delete published checkpoints not in `keep` (manifest first) and stale partial folders.
+
+    Only steps below the newest published one are touched, so a save in progress is never
+    deleted. Folders whose manifest could not be read are not in `published` or `orphans` and
+    are never deleted. `call(fn, what)` runs each deletion (e.g. with retries); deleted steps
+    are removed from `published`.
+    """
+    newest = max(published, default=None)
+    if newest is None:
+        return
+    for step in sorted(published):
+        if step not in keep and step < newest:
+            name = step_dir(step)
+            call(lambda name=name: storage.delete(f"{name}/{MANIFEST}"), "purge")
+            del published[step]
+            call(lambda name=name: storage.delete(name), "purge")
+    # Folders without a manifest below the newest step are leftovers of a killed save.
+    for name in [step_dir(step) for step in orphans if step < newest]:
+        call(lambda name=name: storage.delete(name), "purge")

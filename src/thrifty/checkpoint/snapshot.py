@@ -122,3 +122,22 @@ def _copy_tensor(
     else:
         dst.copy_(t)
     return dst
+
+
+def nbytes(state: Any) -> int:
+    """Bytes of tensor data in a nested state (what a save of it writes, give or take the
+    pickle's few kilobytes); a tensor appearing twice counts once."""
+    seen: set[int] = set()
+    total = 0
+    todo = [state]
+    while todo:
+        obj = todo.pop()
+        if isinstance(obj, torch.Tensor):
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                total += obj.numel() * obj.element_size()
+        elif isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            todo.extend(obj)
+    return total

@@ -79,7 +79,9 @@ def is_remote(uri: str) -> bool:
 
 def redact(text: str) -> str:
     """Remove `user:secret@` and secret-looking query values from every URL in `text`."""
-    return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub("://", text))
+    from thrifty.redact import redact_text  # the one redaction everything written goes through
+
+    return redact_text(text)
 
 
 class Storage(Protocol):
@@ -150,37 +152,85 @@ def fsync_file(path: str) -> None:
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write `data` to a temporary name, fsync, rename over `path`, fsync the folder."""
+    """Write `data` to a temporary name, fsync, rename over `path`, fsync the folder.
+
+    A failed write (a full disk) removes its temporary file: it would hold the space it lacked.
+    """
     tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
     fsync_dir(os.path.dirname(path))
 
 
 def atomic_copy(src: str, dst: str) -> None:
     tmp = f"{dst}.tmp"
-    shutil.copyfile(src, tmp)
-    fsync_file(tmp)
-    os.replace(tmp, dst)
+    try:
+        shutil.copyfile(src, tmp)
+        fsync_file(tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
     fsync_dir(os.path.dirname(dst))
 
 
-def local_error(exc: OSError, action: str, path: str) -> CheckpointError:
-    """A one-line error for a failed local file operation, with the fix."""
+def local_error(
+    exc: OSError, action: str, path: str, *, needs_bytes: int | None = None
+) -> CheckpointError:
+    """A one-line error for a failed local file operation, with the fix.
+
+    `needs_bytes` is what the operation was about to write, named on a full disk.
+    """
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return CheckpointError(
-            f"no space left on the disk holding {path} while trying to {action}: free space, "
-            "lower checkpoint.keep_last, or point checkpoint.local_dir at a larger disk"
+            f"no space left on the disk holding {path} ({_space(path, needs_bytes)}) to {action}: "
+            "free space, lower checkpoint.keep_last, or point checkpoint.local_dir at a larger disk"
         )
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return CheckpointError(
             f"cannot {action}: {path} is not writable ({exc.strerror}): fix its permissions "
             "or choose another checkpoint directory"
         )
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+        return CheckpointError(
+            f"cannot {action} at {path}: {_file_in_the_way(path)} is a file, not a directory: "
+            "move it or choose another checkpoint directory"
+        )
     return CheckpointError(f"cannot {action} at {path}: {exc.strerror or exc}")
+
+
+def _space(path: str, needs_bytes: int | None) -> str:
+    """`needs 210 MB, 12 MB free`, as far as is known (MB are 10**6 bytes)."""
+    parts = [] if needs_bytes is None else [f"needs {_mb(needs_bytes)}"]
+    existing = _first_existing(path)
+    with contextlib.suppress(OSError):
+        parts.append(f"{_mb(shutil.disk_usage(existing).free)} free")
+    return ", ".join(parts) or "disk full"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n < 10_000_000 else f"{n / 1e6:.0f} MB"
+
+
+def _first_existing(path: str) -> str:
+    while path and not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def _file_in_the_way(path: str) -> str:
+    """The first existing part of `path` (itself or a parent): the file a folder was needed at."""
+    existing = _first_existing(path)
+    return existing if not os.path.isdir(existing) else path
 
 
 class LocalStorage:

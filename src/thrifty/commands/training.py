@@ -36,6 +36,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "(checkpoint.resume)",
     )
     parser.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="on a resume, apply changes to the learning rate, schedule, optimizer, seed, "
+        "precision, batch or task instead of refusing them (run.allow_config_change)",
+    )
+    parser.add_argument(
         "--trace", metavar="DIR", help="write a torch.profiler trace of a few steps to DIR"
     )
     parser.add_argument(
@@ -85,6 +91,8 @@ def _overrides(args: argparse.Namespace) -> list[tuple[str, Any]]:
         pairs.append(("run.overwrite", True))
     if args.resume is not None:
         pairs.append(("checkpoint.resume", args.resume))
+    if args.allow_config_change:
+        pairs.append(("run.allow_config_change", True))
     if args.trace is not None:
         pairs.append(("measure.trace", args.trace))
     if args.peak_tflops is not None:
@@ -97,14 +105,14 @@ def run_demo(args: argparse.Namespace) -> int:
     from thrifty.demo import DEMO_CONFIG
 
     config = load_config(None, _overrides(args), base=DEMO_CONFIG)
-    return _launch(args) if _launching(args) else _train(config)
+    return _launch(args, config) if _launching(args) else _train(config)
 
 
 def run_train(args: argparse.Namespace) -> int:
     from thrifty.config import load_config
 
     config = load_config(args.config, _overrides(args))  # bad input fails here, once
-    return _launch(args) if _launching(args) else _train(config)
+    return _launch(args, config) if _launching(args) else _train(config)
 
 
 def _launching(args: argparse.Namespace) -> bool:
@@ -115,10 +123,15 @@ def _launching(args: argparse.Namespace) -> bool:
     return args.nprocs is not None and args.nprocs > 1
 
 
-def _launch(args: argparse.Namespace) -> int:
+def _launch(args: argparse.Namespace, config: Any) -> int:
     from thrifty.launch import launch
 
-    return launch(args.nprocs, args.argv)
+    return launch(
+        args.nprocs,
+        args.argv,
+        signals=config.spot.signals,
+        upload_deadline=config.checkpoint.upload_deadline_seconds,
+    )
 
 
 def _train(config: Any) -> int:
@@ -126,6 +139,8 @@ def _train(config: Any) -> int:
 
     from thrifty.distributed import env_rank
     from thrifty.preemption import EXIT_PREEMPTED
+    from thrifty.redact import install_log_redaction
+    from thrifty.report import show_result
     from thrifty.task import build_task
     from thrifty.trainer import Trainer, _seed_everything
 
@@ -135,6 +150,7 @@ def _train(config: Any) -> int:
         level=logging.INFO if rank == 0 else logging.ERROR,
         format="thrifty: %(message)s" if rank == 0 else f"thrifty: rank {rank}: %(message)s",
     )
+    install_log_redaction()  # no credential reaches the terminal or a captured log
     _seed_everything(config.run.seed)
     task = build_task(config)
     trainer = None
@@ -146,26 +162,14 @@ def _train(config: Any) -> int:
             optimizer=task.optimizer,
             val_data=task.val_data,
             loss_fn=task.loss_fn,
+            collate_fn=task.collate_fn,
         )
+        trainer.interface = "cli"  # messages name the command line's flags
         result = trainer.fit()
         if rank == 0:
-            _report(result, trainer.diagnosis)
+            show_result(result, trainer.diagnosis)
         trainer.dist.barrier()  # the ranks leave together: a launcher sees one outcome
     finally:
         if trainer is not None:
             trainer.dist.close()
     return EXIT_PREEMPTED if result.stop_reason == "preempted" else 0
-
-
-def _report(result: Any, diagnosis: Any) -> None:
-    from thrifty.preemption import EXIT_PREEMPTED
-    from thrifty.report import print_diagnosis, print_summary
-
-    print_summary(result)
-    if diagnosis is not None:
-        print_diagnosis(diagnosis, result)
-    if result.stop_reason == "preempted":
-        print(
-            f"thrifty: preempted at step {result.steps}; checkpoint saved, run the same command "
-            f"to resume (exit code {EXIT_PREEMPTED})"
-        )

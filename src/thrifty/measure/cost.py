@@ -6,14 +6,23 @@ is kept beside the one paid, so a spot run's summary can say what it would have 
 on-demand.
 
 Billing follows the price's unit: a catalog instance bills whole instances (a job using 1 GPU of
-an 8-GPU instance pays for 8; 16 GPUs of 8-GPU instances take 2), a per-GPU price bills `gpus`.
+an 8-GPU instance pays for 8; 16 GPUs of 8-GPU instances take 2), a per-GPU price bills `gpus`,
+which defaults to the job's world size (64 processes are 64 GPUs, not one).
+
+Work a preemption threw away is spend too: when a run resumes at step S after an attempt had
+reached step R > S, the seconds spent on steps S+1..R were paid for and are done again.
+`lost_work_before_resume` reads them from metrics.jsonl before the resume truncates it, and
+`CostMeter.add_wasted` bills them; the summary reports `wasted_usd` and `redone_steps`.
 
 Units: seconds, US dollars, dollars per hour for the whole job.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, NoReturn
 
@@ -44,13 +53,14 @@ class CostConfig:
     Neither set: no cost meter. `pricing` picks the instance's on-demand or spot price; with
     `usd_per_gpu_hour` it labels the price given, and `on_demand_usd_per_gpu_hour` may say what
     on-demand would cost for comparison. `catalog`: a user catalog file (same layout as the
-    built-in one) with newer prices or more instances.
+    built-in one) with newer prices or more instances. `gpus`: GPUs billed; None means one per
+    process of the job (its world size).
     """
 
     SECTION: ClassVar[str] = "cost"
     instance: str | None = None
     usd_per_gpu_hour: float | None = None
-    gpus: int = 1
+    gpus: int | None = None  # None: the world size
     pricing: Literal["on-demand", "spot"] = "on-demand"
     on_demand_usd_per_gpu_hour: float | None = None
     catalog: str | None = None
@@ -68,8 +78,14 @@ class CostConfig:
             value = getattr(self, key)
             if value is not None and not (_is_number(value) and math.isfinite(value) and value > 0):
                 _fail(key, value, "must be a price in USD per GPU-hour, greater than 0")
-        if not (isinstance(self.gpus, int) and not isinstance(self.gpus, bool) and self.gpus >= 1):
-            _fail("gpus", self.gpus, "must be a whole number of GPUs, 1 or more")
+        if self.gpus is not None and not (
+            isinstance(self.gpus, int) and not isinstance(self.gpus, bool) and self.gpus >= 1
+        ):
+            _fail(
+                "gpus",
+                self.gpus,
+                "must be a whole number of GPUs, 1 or more (unset: one per process)",
+            )
         if self.pricing not in PRICINGS:
             _fail("pricing", self.pricing, f"use {' or '.join(PRICINGS)}")
         if self.on_demand_usd_per_gpu_hour is not None and (
@@ -92,12 +108,17 @@ class CostConfig:
 
 @dataclass(frozen=True, slots=True)
 class CostSnapshot:
-    """Spend so far. Rates are None until there is something to divide by."""
+    """Spend so far. Rates are None until there is something to divide by.
+
+    `elapsed_seconds`: training seconds kept in the run; `usd` also counts `wasted_usd`, the
+    work preemptions threw away (done again since).
+    """
 
     elapsed_seconds: float
     usd: float
     usd_per_million_tokens: float | None
     usd_per_thousand_samples: float | None
+    wasted_usd: float = 0.0
 
     def describe(self) -> str:
         """For a progress bar: "$12.34 · $0.56/M tokens" (or "/k samples" with no tokens)."""
@@ -127,7 +148,11 @@ class CostProjection:
 
 @dataclass(frozen=True, slots=True)
 class CostSummary:
-    """What the run cost: GPU-hours billed, dollars paid, and the on-demand equivalent."""
+    """What the run cost: GPU-hours billed, dollars paid, and the on-demand equivalent.
+
+    `seconds` are all the seconds billed, `wasted_seconds` of them (`wasted_usd`) on the
+    `redone_steps` steps a preemption threw away.
+    """
 
     seconds: float
     gpus: int
@@ -139,12 +164,20 @@ class CostSummary:
     source: str
     usd_per_million_tokens: float | None
     usd_per_thousand_samples: float | None
+    wasted_seconds: float = 0.0
+    wasted_usd: float = 0.0
+    redone_steps: int = 0
 
     def describe(self) -> str:
         text = f"{self.gpu_hours:,.2f} GPU-hours, ${self.usd:,.2f} ({self.pricing})"
         if self.pricing != "on-demand" and self.on_demand_usd is not None:
             saved = 1 - self.usd / self.on_demand_usd if self.on_demand_usd else 0.0
             text += f"; on-demand would have cost ${self.on_demand_usd:,.2f} ({saved:.0%} saved)"
+        if self.redone_steps or self.wasted_seconds:
+            text += (
+                f"; ${self.wasted_usd:,.2f} of it paid for {self.redone_steps} steps "
+                "a preemption threw away"
+            )
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -186,19 +219,25 @@ class CostMeter:
         self.elapsed_seconds = 0.0
         self.tokens = 0
         self.samples = 0
+        self.wasted_seconds = 0.0  # billed on work a preemption threw away
+        self.redone_steps = 0
 
     # --- construction ------------------------------------------------------------------------
 
     @classmethod
-    def from_config(cls, config: CostConfig, catalog: Catalog | None = None) -> CostMeter:
-        """The meter `config` describes; `catalog` overrides `config.catalog` when given."""
+    def from_config(
+        cls, config: CostConfig, catalog: Catalog | None = None, *, world_size: int = 1
+    ) -> CostMeter:
+        """The meter `config` describes for a job of `world_size` processes (one GPU each, the
+        GPUs billed unless `cost.gpus` says otherwise); `catalog` overrides `config.catalog`."""
+        gpus = config.gpus if config.gpus is not None else world_size
         if config.instance is not None:
             if catalog is None and config.catalog is not None:
                 from thrifty.plan.catalog import load_catalog
 
                 catalog = load_catalog(config.catalog)
             return cls.from_instance(
-                config.instance, pricing=config.pricing, gpus=config.gpus, catalog=catalog
+                config.instance, pricing=config.pricing, gpus=gpus, catalog=catalog
             )
         if config.usd_per_gpu_hour is None:
             raise ConfigError(
@@ -206,11 +245,11 @@ class CostMeter:
             )
         on_demand = config.on_demand_usd_per_gpu_hour
         return cls(
-            usd_per_hour=config.usd_per_gpu_hour * config.gpus,
-            gpus=config.gpus,
+            usd_per_hour=config.usd_per_gpu_hour * gpus,
+            gpus=gpus,
             pricing=config.pricing,
-            on_demand_usd_per_hour=None if on_demand is None else on_demand * config.gpus,
-            source=f"given: ${config.usd_per_gpu_hour:g}/GPU-hour × {config.gpus} GPU(s)",
+            on_demand_usd_per_hour=None if on_demand is None else on_demand * gpus,
+            source=f"given: ${config.usd_per_gpu_hour:g}/GPU-hour × {gpus} GPU(s)",
         )
 
     @classmethod
@@ -269,6 +308,13 @@ class CostMeter:
 
     # --- metering ----------------------------------------------------------------------------
 
+    def add_wasted(self, lost: LostWork) -> None:
+        """Bill the work preemptions threw away (`lost.seconds` paid, `lost.steps` redone)."""
+        if lost.seconds < 0 or lost.steps < 0:
+            raise ValueError(f"CostMeter.add_wasted needs values >= 0, got {lost}")
+        self.wasted_seconds += lost.seconds
+        self.redone_steps += lost.steps
+
     def update(self, elapsed_seconds: float, tokens: int = 0, samples: int = 0) -> CostSnapshot:
         """Record the run's totals so far (wall seconds paid for, tokens, samples) and return
         the spend: dollars, dollars per million tokens and per thousand samples."""
@@ -287,12 +333,23 @@ class CostMeter:
             usd=usd,
             usd_per_million_tokens=usd / self.tokens * 1e6 if self.tokens else None,
             usd_per_thousand_samples=usd / self.samples * 1e3 if self.samples else None,
+            wasted_usd=self.wasted_usd,
         )
 
     @property
+    def billed_seconds(self) -> float:
+        """Seconds paid for: training kept in the run plus work thrown away."""
+        return self.elapsed_seconds + self.wasted_seconds
+
+    @property
     def usd(self) -> float:
-        """Dollars spent so far."""
-        return self.usd_per_hour * self.elapsed_seconds / 3600
+        """Dollars spent so far, thrown-away work included."""
+        return self.usd_per_hour * self.billed_seconds / 3600
+
+    @property
+    def wasted_usd(self) -> float:
+        """Dollars spent on work a preemption threw away."""
+        return self.usd_per_hour * self.wasted_seconds / 3600
 
     def project(
         self, fraction_done: float | None = None, *, remaining_seconds: float | None = None
@@ -318,10 +375,10 @@ class CostMeter:
 
     def summary(self) -> CostSummary:
         """GPU-hours billed, dollars paid and what on-demand would have cost."""
-        hours = self.elapsed_seconds / 3600
+        hours = self.billed_seconds / 3600
         snap = self.snapshot()
         return CostSummary(
-            seconds=self.elapsed_seconds,
+            seconds=self.billed_seconds,
             gpus=self.gpus,
             gpu_hours=self.gpus * hours,
             usd=snap.usd,
@@ -333,4 +390,84 @@ class CostMeter:
             source=self.source,
             usd_per_million_tokens=snap.usd_per_million_tokens,
             usd_per_thousand_samples=snap.usd_per_thousand_samples,
+            wasted_seconds=self.wasted_seconds,
+            wasted_usd=self.wasted_usd,
+            redone_steps=self.redone_steps,
         )
+
+
+# --- work thrown away by preemptions ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LostWork:
+    """Work paid for and thrown away: `seconds` of training, `steps` optimizer steps redone."""
+
+    seconds: float = 0.0
+    steps: int = 0
+
+    def __add__(self, other: LostWork) -> LostWork:
+        return LostWork(self.seconds + other.seconds, self.steps + other.steps)
+
+    def to_record(self) -> dict[str, Any]:
+        """The run's totals so far, for the "resumed" event in metrics.jsonl (which is where
+        the next resume finds them); nothing while nothing was lost."""
+        if not (self.seconds or self.steps):
+            return {}
+        return {"wasted_seconds": self.seconds, "redone_steps": self.steps}
+
+
+def lost_work(
+    records: Iterable[Mapping[str, Any]], step: int, seconds: float | None = None
+) -> LostWork:
+    """What resuming at `step` throws away, from metrics records, totals of earlier resumes
+    included.
+
+    `records`: metrics.jsonl before it is truncated to `step`; `seconds`: the training seconds
+    the checkpoint holds (`TrainState.seconds`), to read the loss off cost snapshots too. The
+    records past `step` give this resume's loss: the sum of their `step_seconds`, or the last
+    cost snapshot's `elapsed_seconds` minus `seconds` when that is more (it also counts
+    evaluation and saves); both miss the seconds after the last record, so take the larger.
+    The last "resumed" event's totals carry what earlier resumes threw away.
+    """
+    before = LostWork()
+    step_seconds, last_step, elapsed = 0.0, step, None
+    for record in records:
+        if record.get("event") == "resumed" and "wasted_seconds" in record:
+            before = LostWork(record["wasted_seconds"], record.get("redone_steps", 0))
+        at = record.get("step", 0)
+        if not isinstance(at, int) or at <= step:
+            continue
+        if isinstance(record.get("step_seconds"), int | float):
+            step_seconds += record["step_seconds"]
+            last_step = max(last_step, at)
+        cost = record.get("cost")
+        if isinstance(cost, Mapping) and isinstance(cost.get("elapsed_seconds"), int | float):
+            elapsed = max(elapsed or 0.0, cost["elapsed_seconds"])
+    lost = step_seconds
+    if elapsed is not None and seconds is not None:
+        lost = max(lost, elapsed - seconds)
+    return before + LostWork(lost, last_step - step)
+
+
+def lost_work_before_resume(
+    metrics_path: str | os.PathLike[str], step: int, seconds: float | None = None
+) -> LostWork:
+    """`lost_work` of a run directory's metrics.jsonl; call it before truncating the file.
+    No file (a new machine without the old run directory): nothing is known to be lost."""
+    try:
+        with open(metrics_path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return LostWork()
+    return lost_work(_parsed(lines), step, seconds)
+
+
+def _parsed(lines: Iterable[str]) -> Iterable[dict[str, Any]]:
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut short when the process was killed
+            continue
+        if isinstance(record, dict):
+            yield record

@@ -23,6 +23,11 @@ class Evidence:
     Phase seconds must be device time: on a GPU kernels run asynchronously, so host timers show
     only launch time — use CUDA events at the phase boundaries (as the Trainer does) or sync.
     `other_seconds` None means the step time the other phases do not account for.
+
+    `busy_seconds` (CPU runs): per compute phase, the seconds this process held the CPU —
+    the phase's wall time × the share of the step's compute span the process held (CPU time
+    ÷ threads ÷ wall time, at most 1). Other processes on a shared machine stretch the wall
+    time but not this, so compute is judged on it (against a peak measured the same way).
     """
 
     step_seconds: float
@@ -50,6 +55,7 @@ class Evidence:
     flops_per_step: float | None = None
     aten_ops_per_step: int | None = None  # forward + backward, all micro-batches
     mfu: float | None = None  # model FLOP/s over the whole step ÷ peak
+    busy_seconds: Mapping[str, float] | None = None  # per compute phase; see the docstring
     peak_source: str | None = None
     peak_memory_bytes: float | None = None
     device_memory_bytes: float | None = None
@@ -95,17 +101,26 @@ class Evidence:
     def compute_seconds(self) -> float:
         return sum(getattr(self, f"{p}_seconds") for p in COMPUTE_PHASES)
 
+    def _held(self, phase: str) -> float:
+        """Seconds of `phase` per step, counting only the time this process held the CPU
+        where that was measured."""
+        if self.busy_seconds is not None and phase in self.busy_seconds:
+            return float(self.busy_seconds[phase])
+        return float(getattr(self, f"{phase}_seconds"))
+
     @property
     def compute_mfu(self) -> float | None:
-        """MFU over compute time only: MFU × step ÷ (forward + backward + optimizer)."""
-        if self.mfu is None or self.compute_seconds <= 0:
+        """MFU over compute time only: MFU × step ÷ (forward + backward + optimizer), with
+        compute counted while this process held the CPU where that was measured."""
+        compute = sum(self._held(p) for p in COMPUTE_PHASES)
+        if self.mfu is None or compute <= 0:
             return None
-        return self.mfu * self.step_seconds / self.compute_seconds
+        return self.mfu * self.step_seconds / compute
 
     @property
     def seconds_per_op(self) -> float | None:
         """Forward+backward seconds per aten op (what one op costs, launch included)."""
-        busy = self.forward_seconds + self.backward_seconds
+        busy = self._held("forward") + self._held("backward")
         if not self.aten_ops_per_step or busy <= 0:
             return None
         return busy / self.aten_ops_per_step

@@ -7,12 +7,17 @@ precision "high") lets them, plain fp32 otherwise. An unknown GPU is an error as
 `--peak-tflops`: a guessed peak would make every MFU figure wrong without saying so.
 
 A CPU has no table: its peak is measured with a short matmul micro-benchmark in the dtype and
-thread count the run uses, and labelled as measured.
+thread count the run uses, and labelled as measured. It is timed in the seconds the process
+held the CPU (CPU time ÷ threads), so neighbours on a shared machine do not lower it.
+
+`--peak-tflops` (`measure.peak_tflops`) gives the peak instead; the environment variable
+THRIFTY_PEAK_TFLOPS does the same for every run that gives none (and skips the benchmark).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -26,6 +31,7 @@ if TYPE_CHECKING:
     from thrifty.plan.catalog import GPU, Catalog
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+PEAK_ENV = "THRIFTY_PEAK_TFLOPS"
 _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Names CUDA reports, matched to the built-in catalog's GPUs. Word boundaries keep "GH200" from
@@ -69,9 +75,10 @@ def peak_flops(
 ) -> Peak:
     """Peak dense FLOP/s of `device` for matmuls in `dtype` (fp32, bf16, fp16 or fp8).
 
-    `given_tflops` (TFLOP/s, from `--peak-tflops`) overrides everything. `tf32`: fp32 matmuls
-    may use TF32 tensor cores, so the TF32 figure applies (CUDA only). `catalog`: the catalog
-    to match GPU names against (default: the built-in one plus THRIFTY_CATALOG).
+    `given_tflops` (TFLOP/s, from `--peak-tflops`) overrides everything; without it the
+    THRIFTY_PEAK_TFLOPS environment variable does. `tf32`: fp32 matmuls may use TF32 tensor
+    cores, so the TF32 figure applies (CUDA only). `catalog`: the catalog to match GPU names
+    against (default: the built-in one plus THRIFTY_CATALOG).
     """
     if dtype not in DTYPES:
         raise ConfigError(f"dtype = {dtype!r} is invalid: use one of {', '.join(DTYPES)}")
@@ -81,6 +88,9 @@ def peak_flops(
                 f"--peak-tflops = {given_tflops!r} is invalid: must be greater than 0"
             )
         return Peak(given_tflops * 1e12, f"given: {given_tflops:g} TFLOP/s", measured=False)
+    from_env = _env_tflops()
+    if from_env is not None:
+        return Peak(from_env * 1e12, f"given: {from_env:g} TFLOP/s ({PEAK_ENV})", measured=False)
     if device.type == "cuda":
         return _gpu_peak(torch.cuda.get_device_name(device), dtype, tf32, catalog)
     if device.type == "cpu":
@@ -89,6 +99,23 @@ def peak_flops(
         f"no peak FLOP/s is known for device type {device.type!r}: give --peak-tflops "
         "(dense TFLOP/s for the dtype used) to get MFU"
     )
+
+
+def _env_tflops() -> float | None:
+    """THRIFTY_PEAK_TFLOPS as TFLOP/s, or None when unset or empty."""
+    text = os.environ.get(PEAK_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or not math.isfinite(value):
+        raise ConfigError(
+            f"{PEAK_ENV} = {text!r} is invalid: give the peak in TFLOP/s, a number greater "
+            f"than 0 (e.g. {PEAK_ENV}=1.5), or unset it to use the catalog or measure"
+        )
+    return value
 
 
 def match_gpu(device_name: str, catalog: Catalog | None = None) -> GPU | None:
@@ -149,8 +176,9 @@ def measure_cpu_peak(dtype: str = "fp32", budget_seconds: float = 0.4) -> Peak:
 
     Square products of 256, 512, 1024 and 2048 are timed, a few repeats each, until one product
     takes over 10 ms or `budget_seconds` is spent, so slow dtypes stay small and fast ones get
-    big enough to reach steady state. The best rate seen counts: a busy machine only ever
-    makes a product slower than the hardware can, and caches favour some sizes.
+    big enough to reach steady state. Each product is timed in the seconds this process held
+    the CPU (CPU time ÷ threads, at most the wall time): other processes stretch the wall time,
+    not that. The best rate seen counts: caches favour some sizes.
     """
     if dtype not in _TORCH_DTYPES:
         raise ThriftyError(
@@ -185,9 +213,11 @@ def measure_cpu_peak(dtype: str = "fp32", budget_seconds: float = 0.4) -> Peak:
 
 
 def _time_matmul(a: torch.Tensor, b: torch.Tensor) -> float:
-    start = time.perf_counter()
+    """Seconds the product held the CPU: CPU time ÷ threads, at most its wall time."""
+    start, start_cpu = time.perf_counter(), time.process_time()
     torch.mm(a, b)
-    return time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    return min(wall, cpu / torch.get_num_threads())
 
 
 def bf16_speedup(peak: Peak, gpu: GPU | None) -> float | None:

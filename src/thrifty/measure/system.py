@@ -44,8 +44,10 @@ class SystemSampler:
     (share of time a kernel ran), `gpu_memory_used_gib`, `gpu_power_watts`.
 
     `gpu`: None samples the GPU when NVML finds one and says once why not otherwise; False never
-    samples it (a CPU run). `gpu_index`: the NVML index of the GPU to sample; by default the
-    first device of CUDA_VISIBLE_DEVICES (NVML ignores that variable), else 0.
+    samples it (a CPU run). `device`: the CUDA device trained on (`cuda:1`); its NVML handle is
+    the one whose UUID matches the device's. Without it, the current CUDA device once CUDA is
+    in use. `gpu_index`: an NVML index (or UUID) to sample instead. Failing all of these, the
+    first device of CUDA_VISIBLE_DEVICES (NVML numbers GPUs ignoring that variable), else 0.
 
         sampler = SystemSampler(0.5).start()
         ...
@@ -59,13 +61,15 @@ class SystemSampler:
         interval_seconds: float = 0.5,
         *,
         gpu: bool | None = None,
-        gpu_index: int | None = None,
+        gpu_index: int | str | None = None,
+        device: Any = None,
     ) -> None:
         if not interval_seconds > 0:
             raise ValueError(f"interval_seconds = {interval_seconds!r}: must be greater than 0")
         self.interval_seconds = interval_seconds
         self._want_gpu = gpu
         self._gpu_index = gpu_index
+        self._device = device
         self._samples: dict[str, list[float]] = {}
         self._count = 0
         self._lock = threading.Lock()
@@ -194,14 +198,7 @@ class SystemSampler:
             )
             return
         try:
-            count = nvml.nvmlDeviceGetCount()
-            index = self._gpu_index if self._gpu_index is not None else _visible_gpu_index()
-            if isinstance(index, str):
-                handle = nvml.nvmlDeviceGetHandleByUUID(index)
-            elif count > index:
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            else:
-                raise LookupError(f"NVML sees {count} GPU(s), none with index {index}")
+            handle = self._nvml_handle(nvml)
         except Exception as exc:
             _warn_once("nvml-device", f"GPU utilization, memory and power are not sampled: {exc}")
             nvml.nvmlShutdown()
@@ -212,6 +209,20 @@ class SystemSampler:
             "gpu_memory_used_gib": lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30,
             "gpu_power_watts": lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
         }
+
+    def _nvml_handle(self, nvml: Any) -> Any:
+        """The NVML handle of the GPU this process trains on (see the class docstring)."""
+        count = nvml.nvmlDeviceGetCount()
+        if self._gpu_index is None:
+            uuid = _torch_device_uuid(self._device)
+            if uuid is not None:
+                return _handle_by_uuid(nvml, count, uuid)
+        index = self._gpu_index if self._gpu_index is not None else _visible_gpu_index()
+        if isinstance(index, str):
+            return nvml.nvmlDeviceGetHandleByUUID(index)
+        if count > index:
+            return nvml.nvmlDeviceGetHandleByIndex(index)
+        raise LookupError(f"NVML sees {count} GPU(s), none with index {index}")
 
     def _sample_psutil(self) -> dict[str, float]:
         if self._psutil is None:
@@ -231,6 +242,47 @@ class SystemSampler:
                 del self._gpu_readers[name]
                 _warn_once(f"nvml-{name}", f"{name} is not sampled: NVML says {exc}")
         return values
+
+
+def _torch_device_uuid(device: Any) -> str | None:
+    """The UUID torch reports for `device` (default: the current CUDA device, once CUDA is in
+    use: asking must not initialize CUDA in a process that does not use it), else None."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if device is None:
+            if not torch.cuda.is_initialized():
+                return None
+            device = torch.cuda.current_device()
+        elif torch.device(device).type != "cuda":
+            return None
+        uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    except Exception:  # no CUDA, or a build without device UUIDs: fall back to indices
+        return None
+    return None if uuid is None else str(uuid)
+
+
+def _normal_uuid(uuid: str | bytes) -> str:
+    """A UUID as NVML ("GPU-1a2b...", bytes in older versions) and torch ("1a2b...") agree."""
+    text = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    text = text.strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        text = text.removeprefix(prefix)
+    return text
+
+
+def _handle_by_uuid(nvml: Any, count: int, uuid: str) -> Any:
+    """The NVML handle whose UUID is `uuid`: NVML's indices ignore CUDA_VISIBLE_DEVICES and
+    may be ordered differently from CUDA's, the UUID is the same everywhere."""
+    wanted = _normal_uuid(uuid)
+    for index in range(count):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        if _normal_uuid(nvml.nvmlDeviceGetUUID(handle)) == wanted:
+            return handle
+    raise LookupError(f"none of the {count} GPU(s) NVML sees has the UUID {uuid}")
 
 
 def _visible_gpu_index() -> int | str:

@@ -1,0 +1,46 @@
+"""Checks of what the user hands the Trainer, made before anything reads from it: each failure
+is one line that names the argument, what it is, and the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from thrifty.errors import ThriftyError
+
+
+def check_model(model: Any, where: str = "model") -> None:
+    """A module with at least one parameter that trains."""
+    if not isinstance(model, nn.Module):
+        raise ThriftyError(
+            f"{where} is a {type(model).__name__}, not a torch.nn.Module: return the model itself"
+        )
+    if not any(p.requires_grad for p in model.parameters()):
+        total = sum(p.numel() for p in model.parameters())
+        raise ThriftyError(
+            f"{where} ({type(model).__name__}) has no trainable parameters ({total:,} frozen): "
+            "set requires_grad=True on the parameters to train"
+        )
+
+
+def check_dataset(data: Any, where: str, micro_batch: int, micro_key: str) -> int:
+    """A map-style dataset (thrifty builds the loader) holding at least one micro-batch;
+    returns its length. Reads `len()` only, never a sample."""
+    if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+        raise ThriftyError(
+            f"{where} is a {type(data).__name__}: pass a map-style Dataset (with __len__ and "
+            "__getitem__); thrifty builds the DataLoader itself"
+        )
+    try:
+        length = len(data)
+    except TypeError as exc:
+        raise ThriftyError(f"{where} has no length ({exc}): give it a __len__") from None
+    if length == 0:
+        raise ThriftyError(f"{where} is empty: it has 0 samples; check the data path or filter")
+    if length < micro_batch:
+        raise ThriftyError(
+            f"{where} has {length} samples, fewer than one micro-batch ({micro_key} = "
+            f"{micro_batch}): set {micro_key} to {length} or less, or give more data"
+        )
+    return length

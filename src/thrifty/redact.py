@@ -1,0 +1,220 @@
+"""One place that keeps secrets off disk and out of logs.
+
+Everything thrifty writes (config.toml, the config stored in every checkpoint, metrics.jsonl,
+summary.json, diagnosis.json, log lines) goes through `redact_value` or `redact_text`:
+
+- URLs lose their `user:password@` part (a password may hold `/`, `:` or `@`) and the values
+  of query parameters that sign or authorize a request (S3 and GCS presigned URLs, Azure SAS).
+- Bare AWS access key ids (`AKIA...`, `ASIA...`) and `Bearer`/`Basic` credentials are masked.
+- `name=value` and `name: value` pairs whose name says secret (`aws_secret_access_key=...`,
+  `AccountKey=...` in a connection string, `"token": "..."`) lose their value.
+- In a dict, the value of a key that names a secret is replaced; numbers and booleans stay
+  (`key_dim = 64` is not a secret), so the rule never breaks a model's arguments.
+- `storage_options` is written as `{}`: see `redact_value`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+REDACTED = "<redacted>"
+
+# --------------------------------------------------------------------------------------------
+# Which names are secret
+
+
+# Words that make a key secret wherever they appear in it (compared word by word, so that
+# `tokens` or `max_tokens` are not secrets and `aws_session_token` is).
+_SECRET_WORDS = {
+    "secret",
+    "secrets",
+    "password",
+    "passwd",
+    "pwd",
+    "passphrase",
+    "credential",
+    "credentials",
+    "signature",
+    "sig",
+    "auth",
+    "authorization",
+    "session",
+    "cookie",
+    "apikey",
+    "token",
+}
+# `key` alone is secret (s3fs's storage_options use it), and so is `access_key`, `AccountKey`
+# or `api_key`; `key_dim` or `text_key` name model and data arguments, not credentials.
+_KEY_QUALIFIERS = {
+    "access",
+    "secret",
+    "api",
+    "private",
+    "account",
+    "master",
+    "signing",
+    "encryption",
+    "sas",
+    "shared",
+    "client",
+    "storage",
+    "auth",
+    "session",
+    "service",
+}
+# Tokenizer settings (`pad_token = "<pad>"`) are not credentials.
+_TOKENIZER_WORDS = {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special", "start", "end"}
+_WHOLE_SECRET_NAMES = {"connection_string", "conn_str", "connectionstring"}
+
+
+def _words(name: str) -> list[str]:
+    """`AWSAccessKeyId` -> aws access key id; `X-Amz-Security-Token` -> x amz security token."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    spaced = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", spaced)
+    return [w for w in re.split(r"[^a-z0-9]+", spaced.lower()) if w]
+
+
+@functools.lru_cache(maxsize=4096)  # metrics records repeat the same few keys every step
+def is_secret_name(name: str) -> bool:
+    """True when a key or parameter name says that its value is a credential."""
+    if name.lower() in _WHOLE_SECRET_NAMES:
+        return True
+    words = _words(name)
+    for i, word in enumerate(words):
+        before = words[i - 1] if i else ""
+        if word == "token" and before in _TOKENIZER_WORDS:
+            continue
+        if word in _SECRET_WORDS:
+            return True
+        if word == "key" and (len(words) == 1 or before in _KEY_QUALIFIERS):
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------------------------
+# Text
+
+# `scheme://userinfo@`: everything up to the last `@` of the URL counts, because a password
+# may hold `/`, `:` or `@` (cutting part of a path by mistake is harmless; leaking is not).
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s'\"<>@]*(?:@[^\s'\"<>@]*)*@")
+_QUERY_PARAM = re.compile(r"(?P<lead>[?&;])(?P<name>[^=&#\s'\"]+)=(?P<value>[^&#\s'\"]*)")
+_AWS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{12,}\b")
+_BEARER = re.compile(r"(?i)\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{6,}")
+_PAIR = re.compile(r"(?P<name>[A-Za-z_][\w.-]*)(?P<quote>[\"']?)\s*[=:]\s*")
+_VALUE_END = re.compile(r"[\s,;&)}\]\"']")
+
+
+def _redact_query(match: re.Match[str]) -> str:
+    if not is_secret_name(match.group("name")):
+        return match.group(0)
+    return f"{match.group('lead')}{match.group('name')}={REDACTED}"
+
+
+def _redact_pairs(text: str) -> str:
+    """Mask the value after `name=` or `name: ` when the name is a secret's."""
+    out: list[str] = []
+    pos = 0
+    for match in _PAIR.finditer(text):
+        if match.start() < pos or not is_secret_name(match.group("name")):
+            continue
+        start = match.end()
+        if start >= len(text) or text.startswith("//", start):  # a URL's scheme, not a pair
+            continue
+        if text[start] in "\"'":  # a quoted value: up to its closing quote
+            close = text.find(text[start], start + 1)
+            start, end = start + 1, len(text) if close < 0 else close
+        else:
+            end_match = _VALUE_END.search(text, start)
+            end = len(text) if end_match is None else end_match.start()
+        if end > start and text[start:end] != REDACTED:
+            out.append(text[pos:start] + REDACTED)
+            pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def redact_text(text: str) -> str:
+    """The text with URL credentials, signed-URL parameters, AWS key ids and secret-named
+    `name=value` pairs replaced by `<redacted>` (a URL's `user:password@` is removed)."""
+    if not text:
+        return text
+    text = _USERINFO.sub(r"\g<scheme>", text)
+    text = _QUERY_PARAM.sub(_redact_query, text)
+    text = _AWS_KEY_ID.sub(REDACTED, text)
+    text = _BEARER.sub(rf"\1 {REDACTED}", text)
+    return _redact_pairs(text)
+
+
+# --------------------------------------------------------------------------------------------
+# Values
+
+
+def redact_value(value: Any) -> Any:
+    """A copy of `value` (dicts and lists recursed) that is safe to write to disk.
+
+    Strings go through `redact_text`. A key that names a secret (key, secret, token, password,
+    credential, session, signature, auth, ...) has its value replaced by `"<redacted>"`
+    unless that value is a number, a boolean or None. `storage_options` becomes `{}`: any of
+    its keys may hold a credential (s3fs `key`/`secret`/`token`, `client_kwargs`, adlfs
+    `connection_string`, gcsfs `token` as a dict), and a placeholder would be handed back to
+    the filesystem when a run is started again from its config.toml, failing with a confusing
+    authentication error; with `{}` the credentials come from the environment, as they should.
+    """
+    if isinstance(value, Mapping):
+        return {_redact_key(k): _redact_item(k, v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_value(v) for v in value]
+    if isinstance(value, str):
+        return redact_text(value)
+    return value
+
+
+def _redact_key(key: Any) -> Any:
+    return redact_text(key) if isinstance(key, str) else key
+
+
+def _redact_item(key: Any, value: Any) -> Any:
+    if not isinstance(key, str):
+        return redact_value(value)
+    if key == "storage_options":
+        return {}
+    if is_secret_name(key) and not (value is None or isinstance(value, (bool, int, float))):
+        return REDACTED
+    return redact_value(value)
+
+
+# --------------------------------------------------------------------------------------------
+# Logging
+
+
+class RedactingFilter(logging.Filter):
+    """Redacts each record's message (arguments merged in) and traceback before it is written.
+
+    Install it on handlers, not loggers: a logger's filters skip records that its children
+    (`thrifty.checkpoint`) pass up, a handler's see every record it writes.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = redact_text(record.getMessage())
+        record.args = None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact_text(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact_text(record.stack_info)
+        return True
+
+
+def install_log_redaction(*loggers: logging.Logger) -> None:
+    """Add a `RedactingFilter` to every handler of the root logger and of `loggers` (default:
+    the "thrifty" logger). Call it after logging is configured; calling it again is harmless."""
+    targets = [logging.getLogger(), *(loggers or (logging.getLogger("thrifty"),))]
+    for logger in targets:
+        for handler in logger.handlers:
+            if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+                handler.addFilter(RedactingFilter())

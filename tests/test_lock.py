@@ -1,0 +1,528 @@
+"""One writer per run: a second process on the same run directory or checkpoint location is
+refused with a message naming the first; a lock whose holder died is taken over."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import thrifty.lock as lock
+from thrifty.checkpoint.storage import open_storage
+from thrifty.errors import ThriftyError
+from thrifty.lock import LEASE_FILE, LOCK_FILE, Holder, RunInUseError, RunLock
+
+HOST = socket.gethostname()
+
+# A child process that takes the lock, says "held", and keeps it until killed.
+HOLD = """
+import json, os, sys, time
+import thrifty.lock as lock
+args = json.loads(sys.argv[1])
+if args.get("no_flock"):  # as on a network file system without flock
+    lock._LocalLock._flock = lambda self: False
+lock.RunLock(
+    args["run_dir"], args.get("location"), args.get("options"),
+    ttl_seconds=args.get("ttl", 600.0), settle_seconds=0.05,
+).acquire()
+if args.get("fork_for"):  # a forked child (think data loader worker) inherits the lock
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(args["fork_for"])
+        os._exit(0)
+    print("forked", pid, flush=True)
+print("held", flush=True)
+time.sleep(300)
+"""
+
+
+def wait_until(condition, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+class Holding:
+    """A child process holding a RunLock until killed."""
+
+    def __init__(self, **args: object) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", HOLD, json.dumps(args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.forked: int | None = None
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("forked"):
+                self.forked = int(line.split()[1])
+            if line.strip() == "held":
+                return
+        raise AssertionError(f"the child did not take the lock: {self.proc.stderr.read()}")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup runs. Reaped at once, as a shell or supervisor would."""
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+        if self.forked is not None:
+            try:
+                os.kill(self.forked, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+@pytest.fixture
+def holding():
+    children: list[Holding] = []
+
+    def start(**args: object) -> Holding:
+        children.append(Holding(**args))
+        return children[-1]
+
+    yield start
+    for child in children:
+        child.close()
+
+
+@pytest.fixture
+def no_flock(monkeypatch):
+    """This process, like the children started with no_flock=True, finds no flock."""
+    monkeypatch.setattr(lock._LocalLock, "_flock", lambda self: False)
+
+
+def refusal(run_dir: Path, **kwargs) -> str:
+    with pytest.raises(RunInUseError) as info:
+        RunLock(run_dir, **kwargs).acquire()
+    message = str(info.value)
+    assert len(message.splitlines()) == 1
+    return message
+
+
+# --- local run directory, flock ------------------------------------------------------------------
+
+
+def test_a_second_process_is_refused_naming_the_holder_then_takes_over_after_sigkill(
+    tmp_path, holding, caplog
+):
+    run = tmp_path / "run"
+    first = holding(run_dir=str(run))
+    message = refusal(run)
+    assert message.startswith(f"run directory {run} is in use by pid {first.pid} on host {HOST}")
+    assert message.endswith(": wait for it to end, or use another --out")
+    first.kill()
+    with caplog.at_level(logging.WARNING, logger="thrifty.lock"), RunLock(run):
+        holder = Holder.parse((run / LOCK_FILE).read_bytes())
+        assert holder is not None and holder.pid == os.getpid()
+    assert f"took over the lock on run directory {run} from pid {first.pid}" in caplog.text
+    assert not (run / LOCK_FILE).exists()  # released: nothing left behind
+
+
+def test_a_second_lock_in_the_same_process_is_refused_as_this_process(tmp_path):
+    with RunLock(tmp_path):
+        message = refusal(tmp_path)
+    assert f"pid {os.getpid()} on host {HOST}" in message
+    assert "(this process: another run in it still holds the lock)" in message
+    with RunLock(tmp_path):  # released: the next run gets it
+        pass
+
+
+def test_the_lock_file_records_host_pid_start_time_and_process_start(tmp_path):
+    with RunLock(tmp_path / "new" / "run"):
+        record = json.loads((tmp_path / "new" / "run" / LOCK_FILE).read_text())
+    assert record["host"] == HOST and record["pid"] == os.getpid()
+    assert record["started"].endswith("+00:00")
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        assert record["process_start"] == int(f.read().rsplit(")", 1)[1].split()[19])
+
+
+def test_forked_children_of_a_killed_holder_keep_the_lock_until_they_exit(
+    tmp_path, holding, monkeypatch
+):
+    # The kernel keeps a flock while any process shares the descriptor: a dead run's data
+    # loader workers hold it until they notice and exit. The next run waits for them...
+    first = holding(run_dir=str(tmp_path), fork_for=1.0)
+    first.kill()
+    with RunLock(tmp_path):
+        pass
+    # ...but not for ever, and then says who to stop.
+    second = holding(run_dir=str(tmp_path), fork_for=300.0)
+    second.kill()
+    monkeypatch.setattr(lock, "STALE_WAIT_SECONDS", 0.3)
+    message = refusal(tmp_path)
+    assert f"still locked by child processes of pid {second.pid} on host {HOST}" in message
+    assert "stop those processes" in message
+
+
+def test_a_local_checkpoint_location_shared_by_two_runs_is_refused(tmp_path, holding):
+    shared = tmp_path / "ckpt"
+    first = holding(run_dir=str(tmp_path / "a"), location=str(shared))
+    message = refusal(tmp_path / "b", checkpoint_location=str(shared))
+    assert message.startswith(f"checkpoint location {shared} is in use by pid {first.pid}")
+    assert message.endswith("or use another checkpoint.location")
+    assert not (tmp_path / "b" / LOCK_FILE).exists()  # all or nothing: b's own lock let go
+
+
+# --- local run directory, no flock (network file systems) ----------------------------------------
+
+
+def test_without_flock_a_live_holder_is_refused_and_a_killed_one_is_taken_over(
+    tmp_path, holding, no_flock, caplog
+):
+    first = holding(run_dir=str(tmp_path), no_flock=True)
+    assert f"in use by pid {first.pid} on host {HOST}" in refusal(tmp_path)
+    first.kill()
+    with caplog.at_level(logging.WARNING, logger="thrifty.lock"), RunLock(tmp_path):
+        assert Holder.parse((tmp_path / LOCK_FILE).read_bytes()).pid == os.getpid()
+    assert f"took over the stale lock on run directory {tmp_path} from pid {first.pid}" in (
+        caplog.text
+    )
+    assert not (tmp_path / LOCK_FILE).exists()
+
+
+def write_lock(path: Path, age_seconds: float = 0.0, **fields: object) -> None:
+    holder = Holder(**{**vars_of(Holder.me()), **fields})
+    (path / LOCK_FILE).write_bytes(holder.to_bytes())
+    then = time.time() - age_seconds
+    os.utime(path / LOCK_FILE, (then, then))
+
+
+def vars_of(holder: Holder) -> dict:
+    return json.loads(holder.to_bytes())
+
+
+def test_without_flock_a_reused_pid_is_told_apart_by_its_start_time(tmp_path, no_flock):
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert wait_until(lambda: lock.process_start(alive.pid) is not None)
+        real_start = lock.process_start(alive.pid)
+        write_lock(tmp_path, pid=alive.pid, process_start=real_start)
+        assert f"in use by pid {alive.pid}" in refusal(tmp_path)
+        write_lock(tmp_path, pid=alive.pid, process_start=real_start - 1)  # the pid was reused
+        with RunLock(tmp_path):
+            pass
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_without_flock_another_hosts_lock_is_refused_until_untouched_for_a_ttl(
+    tmp_path, no_flock, caplog
+):
+    write_lock(tmp_path, age_seconds=50.0, host="gpu-box-7", pid=4242)
+    message = refusal(tmp_path, ttl_seconds=60.0)
+    assert "in use by pid 4242 on host gpu-box-7" in message
+    write_lock(tmp_path, age_seconds=70.0, host="gpu-box-7", pid=4242)
+    with caplog.at_level(logging.WARNING, logger="thrifty.lock"), RunLock(tmp_path, ttl_seconds=60):
+        pass
+    assert "took over the stale lock" in caplog.text and "pid 4242 on host gpu-box-7" in caplog.text
+
+
+def test_without_flock_the_holder_touches_its_lock_file_so_other_hosts_see_it_alive(
+    tmp_path, no_flock
+):
+    with RunLock(tmp_path, ttl_seconds=0.6) as held:
+        path = tmp_path / LOCK_FILE
+        past = time.time() - 100
+        os.utime(path, (past, past))
+        assert wait_until(lambda: path.stat().st_mtime > past + 50, timeout=10)
+        assert held.lost is None
+
+
+def test_without_flock_a_lock_taken_over_meanwhile_is_reported_lost_and_left_alone(
+    tmp_path, no_flock, caplog
+):
+    held = RunLock(tmp_path, ttl_seconds=0.6).acquire()
+    try:
+        write_lock(tmp_path, host="gpu-box-7", pid=4242, token="someone-else")
+        with caplog.at_level(logging.ERROR, logger="thrifty.lock"):
+            assert wait_until(lambda: held.lost is not None, timeout=10)
+        assert held.lost == (
+            f"lost the lock on run directory {tmp_path}: it is now held by pid 4242 on host "
+            f"gpu-box-7 since {Holder.parse((tmp_path / LOCK_FILE).read_bytes()).started}"
+        )
+    finally:
+        held.release()
+    assert Holder.parse((tmp_path / LOCK_FILE).read_bytes()).token == "someone-else"
+
+
+# --- object stores: a lease ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def memory_location(request):
+    url = f"memory://lock-tests/{request.node.name}"
+    yield url
+    open_storage(url).delete("")
+
+
+def lease_of(url: str, options: dict | None = None) -> Holder | None:
+    try:
+        return Holder.parse(open_storage(url, options).read_bytes(LEASE_FILE))
+    except FileNotFoundError:
+        return None
+
+
+def test_a_lease_refuses_a_second_run_and_is_deleted_on_release(tmp_path, memory_location):
+    with RunLock(tmp_path / "a", memory_location, settle_seconds=0.05):
+        lease = lease_of(memory_location)
+        assert lease is not None and lease.pid == os.getpid()
+        assert lease.expires == pytest.approx(time.time() + 600, abs=30)
+        message = refusal(tmp_path / "b", checkpoint_location=memory_location, settle_seconds=0)
+    assert message.startswith(f"checkpoint location {memory_location} is in use by pid ")
+    assert "(lease until " in message and message.endswith("or use another checkpoint.location")
+    assert lease_of(memory_location) is None
+    assert not (tmp_path / "b" / LOCK_FILE).exists()
+    with RunLock(tmp_path / "b", memory_location, settle_seconds=0.05):
+        pass
+
+
+def test_an_expired_lease_is_taken_over_with_a_warning(tmp_path, memory_location, caplog):
+    dead = Holder(
+        host="gpu-box-7",
+        pid=4242,
+        started="2026-01-01T00:00:00+00:00",
+        token="x",
+        expires=time.time() - 1,
+    )
+    open_storage(memory_location).write_bytes(LEASE_FILE, dead.to_bytes())
+    with (
+        caplog.at_level(logging.WARNING, logger="thrifty.lock"),
+        RunLock(tmp_path, memory_location, settle_seconds=0.05),
+    ):
+        assert lease_of(memory_location).pid == os.getpid()
+    assert (
+        f"took over the expired lease on checkpoint location {memory_location} from pid 4242 on "
+        "host gpu-box-7 since 2026-01-01T00:00:00+00:00"
+    ) in caplog.text
+
+
+def test_the_lease_is_renewed_while_the_run_lives(tmp_path, memory_location):
+    with RunLock(tmp_path / "a", memory_location, ttl_seconds=1.0, settle_seconds=0.05):
+        first = lease_of(memory_location).expires
+        assert wait_until(lambda: lease_of(memory_location).expires > first + 0.5, timeout=10)
+        refusal(tmp_path / "b", checkpoint_location=memory_location, ttl_seconds=1.0)
+
+
+def test_a_lease_overwritten_while_settling_is_lost_and_names_the_winner(tmp_path, memory_location):
+    rival = Holder(
+        host="gpu-box-7",
+        pid=4242,
+        started="2026-01-01T00:00:00+00:00",
+        token="r",
+        expires=time.time() + 600,
+    )
+    storage = open_storage(memory_location)
+    # The other writer's put lands just after ours: both read "no lease" before writing.
+    timer = threading.Timer(0.2, storage.write_bytes, (LEASE_FILE, rival.to_bytes()))
+    timer.start()
+    message = refusal(tmp_path, checkpoint_location=memory_location, settle_seconds=1.0)
+    timer.join()
+    assert "in use by pid 4242 on host gpu-box-7" in message
+    assert lease_of(memory_location).token == "r"  # the winner's lease is left alone
+
+
+def test_a_lease_taken_over_meanwhile_is_reported_lost_and_not_deleted(
+    tmp_path, memory_location, caplog
+):
+    held = RunLock(tmp_path, memory_location, ttl_seconds=0.6, settle_seconds=0.05).acquire()
+    try:
+        rival = Holder(
+            host="gpu-box-7",
+            pid=4242,
+            started="2026-01-01T00:00:00+00:00",
+            token="r",
+            expires=time.time() + 600,
+        )
+        open_storage(memory_location).write_bytes(LEASE_FILE, rival.to_bytes())
+        with caplog.at_level(logging.ERROR, logger="thrifty.lock"):
+            assert wait_until(lambda: held.lost is not None, timeout=10)
+        assert "lost the lease on checkpoint location" in held.lost
+        assert "two runs may now write there" in caplog.text
+    finally:
+        held.release()
+    assert lease_of(memory_location).token == "r"
+
+
+def test_a_ttl_that_is_not_positive_is_refused():
+    with pytest.raises(ThriftyError, match=r"the lock's ttl_seconds = 0 must be greater than 0"):
+        RunLock("run", ttl_seconds=0)
+
+
+# --- object stores: S3 through a real S3 API on loopback -----------------------------------------
+
+BUCKET = "thrifty-lock"
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    pytest.importorskip("s3fs")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    ).create_bucket(Bucket=BUCKET)
+    yield endpoint
+    server.stop()
+
+
+@pytest.fixture
+def s3_options(s3_endpoint, monkeypatch, tmp_path):
+    """Credentials for the loopback server only; nothing from this machine's AWS setup."""
+    for key in list(os.environ):
+        if key.startswith("AWS_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    return {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
+        "skip_instance_cache": True,
+    }
+
+
+def test_an_s3_lease_of_a_killed_run_blocks_until_it_expires_then_is_taken_over(
+    tmp_path, holding, s3_options, caplog
+):
+    url = f"s3://{BUCKET}/run"
+    first = holding(run_dir=str(tmp_path / "a"), location=url, options=s3_options, ttl=5.0)
+    lease = lease_of(url, s3_options)
+    assert lease is not None and lease.pid == first.pid
+    message = refusal(tmp_path / "b", checkpoint_location=url, storage_options=s3_options)
+    assert message.startswith(f"checkpoint location {url} is in use by pid {first.pid} on host")
+    first.kill()
+    # Nobody renews it now, but another host cannot tell a dead holder from a slow one: the
+    # lease holds until it expires.
+    expires = lease_of(url, s3_options).expires
+    refusal(tmp_path / "b", checkpoint_location=url, storage_options=s3_options)
+    taker = RunLock(tmp_path / "b", url, s3_options, settle_seconds=0.05)
+    with caplog.at_level(logging.WARNING, logger="thrifty.lock"):
+        assert wait_until(lambda: try_acquire(taker), timeout=15)
+    try:
+        assert time.time() > expires
+        assert lease_of(url, s3_options).pid == os.getpid()
+    finally:
+        taker.release()
+    assert f"took over the expired lease on checkpoint location {url} from pid {first.pid}" in (
+        caplog.text
+    )
+    assert lease_of(url, s3_options) is None
+
+
+def try_acquire(run_lock: RunLock) -> bool:
+    try:
+        run_lock.acquire()
+    except RunInUseError:
+        return False
+    return True
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+
+def slow_job(tmp_path: Path) -> Path:
+    """A tiny job that checkpoints every 2 steps and would run for a long time."""
+    config = tmp_path / "job.toml"
+    config.write_text(
+        '[run]\nmax_steps = 100000\nlog_every = 1\nprogress = "off"\n'
+        '[batch]\nmicro = 4\n[data]\nnum_workers = 0\n[schedule]\ndecay = "constant"\n'
+        '[checkpoint]\nevery = 2\n[spot]\nprovider = "none"\n'
+        '[task]\nmodel = "thrifty.demo:build_model"\ntrain_data = "thrifty.demo:train_dataset"\n'
+        "model_args = { n_layer = 1, n_head = 2, n_embd = 16, block_size = 16 }\n"
+        "data_args = { block_size = 16, max_bytes = 100000 }\n"
+    )
+    return config
+
+
+def test_a_second_thrifty_train_on_the_same_out_exits_2_and_a_restart_takes_over_after_sigkill(
+    tmp_path,
+):
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "thrifty", "train", str(slow_job(tmp_path)), "--out", str(run)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True
+    )
+    try:
+        assert wait_until(
+            lambda: first.poll() is not None or any(run.glob("checkpoints/step-*/manifest.json")),
+            timeout=120,
+        )
+        assert first.poll() is None, first.stderr.read()
+        second = subprocess.run(
+            command + ["--steps", "1"], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert second.returncode == 2, second.stderr
+        errors = [line for line in second.stderr.splitlines() if "error" in line]
+        assert errors == [
+            f"thrifty: error: run directory {run} is in use by pid {first.pid} on host {HOST} "
+            f"since {Holder.parse((run / LOCK_FILE).read_bytes()).started}: wait for it to end, "
+            "or use another --out"
+        ]
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+        first.stderr.close()
+    step = max(
+        int(p.parent.name.split("-")[1]) for p in run.glob("checkpoints/step-*/manifest.json")
+    )
+    third = subprocess.run(
+        command + ["--steps", str(step + 2)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert third.returncode == 0, third.stderr
+    assert f"took over the lock on run directory {run} from pid {first.pid}" in third.stderr
+    assert f"resumed from step {step}" in third.stderr
+    assert not (run / LOCK_FILE).exists()
+
+
+def test_trainer_fit_refuses_a_run_dir_in_use_in_this_process_and_lets_go_when_it_ends(tmp_path):
+    from helpers import TokenDataset, tiny_gpt
+    from thrifty import Trainer
+    from thrifty.config import TrainConfig
+
+    def trainer() -> Trainer:
+        run = {"max_steps": 2, "device": "cpu", "out": str(tmp_path), "progress": "off"}
+        config = {"run": run, "batch": {"micro": 4}, "spot": {"provider": "none"}}
+        return Trainer(tiny_gpt(n_layer=1), TokenDataset(n=16), TrainConfig.from_dict(config))
+
+    with RunLock(tmp_path), pytest.raises(RunInUseError) as info:
+        trainer().fit()
+    assert f"pid {os.getpid()} on host {HOST}" in str(info.value)
+    assert "(this process: another run in it still holds the lock)" in str(info.value)
+    assert not (tmp_path / "metrics.jsonl").exists()  # refused before writing anything
+    assert trainer().fit().steps == 2
+    assert not (tmp_path / LOCK_FILE).exists()  # released when fit() ends
