@@ -88,12 +88,12 @@ def cfg(tmp_path, **run) -> TrainConfig:
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
-    (tmp_path / "userproj.py").write_text(PROJECT)
+    (tmp_path / "badinputproj.py").write_text(PROJECT)
     config = tmp_path / "job.toml"
     config.write_text(
         '[run]\nmax_steps = 2\nprogress = "off"\n[batch]\nmicro = 4\n[data]\nnum_workers = 0\n'
-        '[schedule]\ndecay = "constant"\n[task]\nmodel = "userproj:model"\n'
-        'train_data = "userproj:data"\n'
+        '[schedule]\ndecay = "constant"\n[task]\nmodel = "badinputproj:model"\n'
+        'train_data = "badinputproj:data"\n'
     )
     monkeypatch.chdir(tmp_path)
     return config
@@ -102,29 +102,29 @@ def project(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--set", "task.train_data=userproj:empty"], "is empty: it has 0 samples"),
+        (["--set", "task.train_data=badinputproj:empty"], "is empty: it has 0 samples"),
         (
-            ["--set", "task.train_data=userproj:tiny"],
+            ["--set", "task.train_data=badinputproj:tiny"],
             "has 3 samples, fewer than one micro-batch (batch.micro = 4): set batch.micro to 3",
         ),
-        (["--set", "task.model=userproj:frozen"], "has no trainable parameters"),
+        (["--set", "task.model=badinputproj:frozen"], "has no trainable parameters"),
         (
-            ["--set", "task.model=userproj:not_a_model"],
-            "what task.model = 'userproj:not_a_model' returned is a dict, not a torch.nn.Module",
+            ["--set", "task.model=badinputproj:not_a_model"],
+            "what task.model = 'badinputproj:not_a_model' returned is a dict, not a torch.nn.Module",
         ),
         (
-            ["--set", "task.train_data=userproj:a_generator"],
-            "what task.train_data = 'userproj:a_generator' returned is a generator: pass a "
+            ["--set", "task.train_data=badinputproj:a_generator"],
+            "what task.train_data = 'badinputproj:a_generator' returned is a generator: pass a "
             "map-style Dataset",
         ),
         (
             ["--set", "task.model_args={depth = 3}"],
-            "task.model_args does not fit task.model = userproj:model: got an unexpected "
+            "task.model_args does not fit task.model = badinputproj:model: got an unexpected "
             "keyword argument 'depth'; it takes (width)",
         ),
         (
             ["--set", "task.data_args={rows = 3}"],
-            "task.data_args does not fit task.train_data = userproj:data",
+            "task.data_args does not fit task.train_data = badinputproj:data",
         ),
         (["--set", "run.device=gpu"], "run.device = 'gpu' is invalid"),
         (["--set", "run.device=cuda:1"], "run.device = 'cuda:1' is invalid"),
@@ -226,9 +226,9 @@ def test_collate_fn_comes_from_the_task(capsys, project, tmp_path):
         "--out",
         str(tmp_path / "r"),
         "--set",
-        "task.train_data=userproj:pairs",
+        "task.train_data=badinputproj:pairs",
         "--set",
-        "task.collate_fn=userproj:collate",
+        "task.collate_fn=badinputproj:collate",
     )
     assert code == 0, err
-    assert sys.modules["userproj"].COLLATED and set(sys.modules["userproj"].COLLATED) == {4}
+    assert sys.modules["badinputproj"].COLLATED and set(sys.modules["badinputproj"].COLLATED) == {4}

@@ -1,11 +1,9 @@
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
-from helpers import TokenDataset, tiny_gpt
+from helpers import TokenDataset, VirtualClock, time_trainer_with, tiny_gpt
 from thrifty import Trainer
 from thrifty.config import TrainConfig
 
@@ -24,12 +22,17 @@ def config(tmp_path, mode: str) -> TrainConfig:
             "schedule": {"decay": "constant"},
             "precision": {"mode": "fp32"},
             "compile": {"mode": mode},
+            # No interval save: its stall is timed on the real clock, not the test's.
+            "checkpoint": {"every": "off"},
         }
     )
 
 
 def test_compile_warm_up_is_left_out_of_throughput(tmp_path, monkeypatch):
-    """A stand-in for torch.compile that spends 1.5 s on its first call, as compiling does."""
+    """A stand-in for torch.compile whose first call costs 1.5 s, as compiling does, and every
+    call after it 10 ms, on a virtual clock: the figures are exact, whatever the machine."""
+    clock = VirtualClock()
+    time_trainer_with(monkeypatch, clock)
     seen = {}
 
     def fake_compile(model, mode=None):
@@ -43,8 +46,7 @@ def test_compile_warm_up_is_left_out_of_throughput(tmp_path, monkeypatch):
 
             def forward(self, *args, **kwargs):
                 calls["n"] += 1
-                if calls["n"] == 1:
-                    time.sleep(1.5)
+                clock.advance(1.5 if calls["n"] == 1 else 0.01)
                 return self.inner(*args, **kwargs)
 
         seen["calls"] = calls
@@ -53,9 +55,9 @@ def test_compile_warm_up_is_left_out_of_throughput(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "compile", fake_compile)
     compiled = Trainer(tiny_gpt(), TokenDataset(), config(tmp_path, "reduce-overhead")).fit()
     assert seen["mode"] == "reduce-overhead" and seen["calls"]["n"] == 6  # the compiled model ran
-    # 5 steady steps take far less than the 1.5 s warm-up; had it been counted, tokens/s would
-    # be at most 6 × 128 tokens / 1.5 s = 512.
-    assert compiled.tokens_per_second > 2000
+    # The warm-up steps (the first 3 under compile) are left out: the steady step is 10 ms.
+    assert compiled.step_seconds == pytest.approx(0.01)
+    assert compiled.tokens_per_second == pytest.approx(4 * 32 / 0.01)
 
 
 @pytest.mark.slow

@@ -1,29 +1,62 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
 from helpers import BurnDataset
+from thrifty.errors import ConfigError
 from thrifty.loading import (
     EpochSampler,
     LoaderSettings,
     build_loader,
     choose_num_workers,
+    measure_fetch_time,
+    resolve_pin_memory,
     worker_candidates,
 )
 
 
-def test_auto_workers_picks_more_than_zero_for_a_cpu_heavy_dataset():
-    choice = choose_num_workers(BurnDataset(), LoaderSettings(batch_size=4), candidates=[0, 1, 2])
-    print(choice.describe())
-    assert choice.num_workers > 0
-    assert set(choice.seconds_per_batch) == {0, 1, 2}
-    assert choice.seconds_per_batch[choice.num_workers] < choice.seconds_per_batch[0]
+def fetch_times(seconds: dict[int, float]):
+    """A stand-in for measure_fetch_time: seconds per batch by worker count (timings that are
+    measured side by side live in benchmarks/loading.py)."""
+
+    def measure(dataset, settings, collate_fn):
+        return seconds[settings.num_workers]
+
+    return measure
 
 
-def test_auto_workers_stays_at_zero_when_fetching_is_free():
-    data = torch.utils.data.TensorDataset(torch.arange(512.0))
-    choice = choose_num_workers(data, LoaderSettings(batch_size=8), candidates=[0, 2])
-    assert choice.num_workers == 0  # worker processes only add inter-process copies here
+def test_auto_workers_picks_the_fewest_within_tolerance_of_the_fastest():
+    measured = {0: 0.016, 1: 0.009, 2: 0.0052, 4: 0.0050}
+    choice = choose_num_workers(
+        BurnDataset(), LoaderSettings(4), candidates=[0, 1, 2, 4], measure=fetch_times(measured)
+    )
+    assert choice.num_workers == 2  # 4 is faster, but by less than the 10% tolerance
+    assert choice.seconds_per_batch == measured
+    assert choice.describe().startswith("num_workers = 2 (measured fetch time per batch — 0: 16.0")
+
+
+def test_auto_workers_stays_at_zero_when_workers_only_add_copies():
+    measured = {0: 0.0003, 2: 0.0017}
+    choice = choose_num_workers(
+        BurnDataset(), LoaderSettings(8), candidates=[0, 2], measure=fetch_times(measured)
+    )
+    assert choice.num_workers == 0
+
+
+def test_measured_fetch_time_is_seconds_per_batch():
+    seconds = measure_fetch_time(BurnDataset(ms=0.1), LoaderSettings(4, 1), batches=2)
+    assert 0 < seconds < 10
+
+
+def test_pin_memory_auto_pins_only_on_cuda_with_workers():
+    assert resolve_pin_memory("auto", "cuda", 2) is True
+    assert resolve_pin_memory("auto", "cuda", 0) is False  # the loop itself would pin
+    assert resolve_pin_memory("auto", "cpu", 4) is False
+    assert resolve_pin_memory(True, "cuda", 0) is True  # explicit settings stay as given
+    assert resolve_pin_memory(False, "cuda", 4) is False
+    with pytest.raises(ConfigError, match='data.pin_memory must be true, false or "auto", got'):
+        resolve_pin_memory("yes", "cuda", 2)
 
 
 def test_candidates_double_up_to_the_cpu_count():

@@ -1,17 +1,133 @@
 """Data loading: a resumable, per-epoch seeded sampler; a DataLoader with the settings that keep
 an accelerator fed; and `num_workers = auto`, chosen by measuring batch fetch time.
+
+Two things make a run with loader workers stop and resume as exactly as one without:
+
+- Stop signals. Schedulers (Slurm, systemd, Kubernetes) send SIGTERM to the whole process group,
+  workers included. A worker killed by it makes PyTorch raise a RuntimeError in the main process
+  (from its SIGCHLD handler, at any point of the step) before the emergency checkpoint is saved.
+  So workers ignore the signals the main process handles: they start with them blocked and
+  ignore them before unblocking, so none is lost in between. A worker that dies of one anyway
+  (a start method other than fork) is logged, not raised, since the main process got the same
+  signal and saves; and `UntilStop` lets the training loop save its last complete step when the
+  loader fails while that save is pending.
+- Random augmentation. Which worker fetches which batch depends on where the iterator started,
+  and each worker's random state on its id. So every batch is fetched with torch's, Python's and
+  NumPy's generators seeded from (seed, epoch, position in the epoch): a batch draws the same
+  numbers with 0 or 8 workers, resumed or not.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import random
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+
+from thrifty.errors import ConfigError
+
+log = logging.getLogger("thrifty.loading")
+
+T = TypeVar("T")
+
+# The signals a scheduler stops a job with; the main process turns them into a checkpoint.
+STOP_SIGNALS: tuple[int, ...] = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1") if hasattr(signal, name)
+)
+
+
+# --- which sample, and the random numbers it draws ----------------------------------------------
+
+
+# A sample to fetch: (dataset index, epoch, position in the epoch's order over all ranks). The
+# position does not depend on the rank count. A plain tuple: it is pickled to a worker for every
+# sample, and a NamedTuple pickles twenty times slower.
+SampleKey = tuple[int, int, int]
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    # splitmix64's finaliser: each input bit flips about half of the output bits.
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def sample_seed(seed: int, epoch: int, position: int) -> int:
+    """The 64-bit seed of the sample at `position` (counted over all ranks) of epoch `epoch`."""
+    return _mix(_mix(_mix(seed & _MASK64) ^ epoch) ^ position)
+
+
+def seed_generators(seed: int) -> None:
+    """Seed torch's CPU generator, `random` and (when imported) NumPy's global generator."""
+    torch.default_generator.manual_seed(seed)  # torch.manual_seed would reseed CUDA too, slowly
+    random.seed(seed)
+    np = sys.modules.get("numpy")  # a dataset that uses NumPy has imported it
+    if np is not None:
+        np.random.seed(seed >> 32)  # the legacy generator takes 32 bits
+
+
+@contextlib.contextmanager
+def _training_rng_kept() -> Iterator[None]:
+    """In the main process (0 workers), leave the training's random streams (dropout) as if
+    no sample had been fetched; a worker's generators are its own."""
+    if get_worker_info() is not None:
+        yield
+        return
+    np = sys.modules.get("numpy")
+    saved = (torch.default_generator.get_state(), random.getstate())
+    saved_np = np.random.get_state() if np is not None else None
+    try:
+        yield
+    finally:
+        torch.default_generator.set_state(saved[0])
+        random.setstate(saved[1])
+        if np is not None and saved_np is not None:
+            np.random.set_state(saved_np)
+
+
+class SeededSamples(Dataset):
+    """`dataset`, fetched by `SampleKey` a batch at a time: each batch is fetched with the
+    generators seeded by `sample_seed(seed, epoch, position)` of its first sample, so it draws
+    the same numbers whichever worker fetches it and wherever its epoch resumed (a resumed epoch
+    starts on a batch boundary). Once per batch, not per sample: reseeding costs about 15 µs.
+    Plain indices pass through unseeded.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: SampleKey | int) -> Any:
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: list[SampleKey | int]) -> list[Any]:
+        first = keys[0]
+        indices = [k[0] if isinstance(k, tuple) else k for k in keys]
+        with _training_rng_kept():
+            if isinstance(first, tuple):
+                _, epoch, position = first
+                seed_generators(sample_seed(self.seed, epoch, position))
+            batched = getattr(self.dataset, "__getitems__", None)  # batched reads stay batched
+            if batched is not None:
+                return list(batched(indices))
+            return [self.dataset[i] for i in indices]
 
 
 class EpochSampler(Sampler[int]):
@@ -53,8 +169,169 @@ class EpochSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         return iter(self._indices()[self.start :])
 
+    def keys(self) -> Iterator[SampleKey]:
+        """The same samples as iterating, each with its epoch and position (what seeds it)."""
+        indices = self._indices()
+        for k in range(self.start, len(indices)):
+            yield (indices[k], self.epoch, self.rank + k * self.world_size)
+
     def __len__(self) -> int:
         return self.length // self.world_size - self.start
+
+
+class _Keys(Sampler[SampleKey]):
+    """An EpochSampler's keys, for a loader over `SeededSamples`."""
+
+    def __init__(self, sampler: EpochSampler) -> None:
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[SampleKey]:
+        return self.sampler.keys()
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+# --- stop signals and loader workers ------------------------------------------------------------
+
+
+def check_stop_signals(signals: Sequence[int]) -> tuple[int, ...]:
+    """`signals` as a tuple, or a ConfigError naming one a worker cannot ignore."""
+    catchable = signal.valid_signals() - {signal.SIGKILL, getattr(signal, "SIGSTOP", -1)}
+    for signum in signals:
+        if signum not in catchable:
+            raise ConfigError(
+                f"stop signal {_signal_name(signum)} cannot be ignored by data-loader workers: "
+                "give signal numbers such as signal.SIGTERM (SIGKILL and SIGSTOP cannot be caught)"
+            )
+    return tuple(signals)
+
+
+def _signal_name(signum: object) -> str:
+    try:
+        return f"{signal.Signals(signum).name} ({int(signum)})"  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return repr(signum)
+
+
+class IgnoreStopSignals:
+    """A `worker_init_fn`: the worker ignores `signals`, then runs `then(worker_id)` if given.
+
+    The loader blocks the signals while it starts workers (a fork keeps the mask), so one that
+    arrives before this runs waits, and is discarded once ignored. A class, not a closure, so it
+    pickles for the spawn and forkserver start methods.
+    """
+
+    def __init__(
+        self, signals: Sequence[int] = STOP_SIGNALS, then: Callable[[int], None] | None = None
+    ) -> None:
+        self.signals = tuple(signals)
+        self.then = then
+
+    def __call__(self, worker_id: int) -> None:
+        for signum in self.signals:
+            signal.signal(signum, signal.SIG_IGN)
+        if self.signals and hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, self.signals)
+        if self.then is not None:
+            self.then(worker_id)
+
+
+@contextlib.contextmanager
+def _blocked(signals: tuple[int, ...]) -> Iterator[None]:
+    """Block `signals` in this thread: workers forked meanwhile start with them blocked. One
+    sent to the process meanwhile goes to another thread, or waits here until unblocked."""
+    if not signals or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+_tolerated: set[int] = set()  # stop signals a worker may die of without failing the run
+
+
+def _killed_by_stop_signal(exc: RuntimeError) -> bool:
+    # PyTorch's message: "DataLoader worker (pid N) is killed by signal: <strsignal>."
+    text = str(exc)
+    return any(f"killed by signal: {signal.strsignal(s)}." in text for s in _tolerated)
+
+
+def _tolerate_stopped_workers(signals: tuple[int, ...]) -> None:
+    """Wrap PyTorch's SIGCHLD handler (installed when the first workers start) so a worker
+    killed by a stop signal is logged instead of raising into the step: the main process got
+    the same signal and is on its way to the emergency checkpoint."""
+    _tolerated.update(signals)
+    if threading.current_thread() is not threading.main_thread():
+        return  # PyTorch installs no handler off the main thread either
+    current = signal.getsignal(signal.SIGCHLD)
+    if not callable(current) or getattr(current, "thrifty_tolerant", False):
+        return
+
+    def on_child(signum: int, frame: Any) -> None:
+        try:
+            current(signum, frame)
+        except RuntimeError as exc:
+            if not _killed_by_stop_signal(exc):
+                raise
+            log.warning("%s The run goes on to save its checkpoint.", str(exc).strip())
+
+    on_child.thrifty_tolerant = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGCHLD, on_child)
+
+
+class UntilStop(Generic[T]):
+    """Iterate `items`; when fetching one raises while `stopping()` is true (a loader worker
+    lost to the stop signal), end instead and keep the error in `error`.
+
+    The training loop fetches a whole accumulation window before computing on it, so at that
+    point every finished step is intact and the caller can save it as the stop asked.
+    """
+
+    def __init__(self, items: Iterator[T], stopping: Callable[[], bool]) -> None:
+        self.items = items
+        self.stopping = stopping
+        self.error: Exception | None = None
+
+    def __iter__(self) -> UntilStop[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self.error is not None:
+            raise StopIteration
+        try:
+            return next(self.items)
+        except StopIteration:
+            raise
+        except Exception as exc:
+            if not self.stopping():
+                raise
+            self.error = exc
+            log.warning(
+                "data loading failed while stopping (%s): saving the last complete step", exc
+            )
+            raise StopIteration from None
+
+
+class _Loader(DataLoader):
+    """A DataLoader that starts its workers with `stop_signals` blocked and tolerates a worker
+    that dies of one (see the module docstring)."""
+
+    stop_signals: tuple[int, ...] = ()
+
+    def __iter__(self) -> Any:
+        if self.num_workers == 0:
+            return super().__iter__()
+        with _blocked(self.stop_signals):
+            batches = super().__iter__()  # starts the workers (once, when persistent)
+        _tolerate_stopped_workers(self.stop_signals)
+        return batches
+
+
+# --- the loader ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -68,20 +345,40 @@ class LoaderSettings:
     persistent_workers: bool = True
 
 
+def resolve_pin_memory(setting: bool | str, device_type: str, num_workers: int) -> bool:
+    """`data.pin_memory` as a bool. "auto" pins only on CUDA and only with workers: the loader's
+    pin thread then pins off the training loop's path, while with 0 workers the loop itself would
+    pin each batch, often slower than the plain copy it speeds up. True or false stays as given."""
+    if isinstance(setting, bool):
+        return setting
+    if setting != "auto":
+        raise ConfigError(f'data.pin_memory must be true, false or "auto", got {setting!r}')
+    return device_type == "cuda" and num_workers > 0
+
+
 def build_loader(
     dataset: Dataset,
     sampler: Sampler[int],
     settings: LoaderSettings,
     collate_fn: Callable[[list[Any]], Any] | None = None,
     seed: int = 0,
+    *,
+    worker_init_fn: Callable[[int], None] | None = None,
+    stop_signals: Sequence[int] = STOP_SIGNALS,
 ) -> DataLoader:
     """A DataLoader that drops the last partial batch (every step has the same shape).
 
     It gets its own generator so creating an iterator never draws from the global RNG (which
-    would shift dropout masks and break exact resume).
+    would shift dropout masks and break exact resume). With an `EpochSampler`, each batch's
+    random draws are seeded from (sampler seed, epoch, position): see `SeededSamples`. Workers
+    ignore `stop_signals` (the main process handles them), then run `worker_init_fn`.
     """
+    signals = check_stop_signals(stop_signals)
     workers = settings.num_workers
-    return DataLoader(
+    if isinstance(sampler, EpochSampler):
+        dataset = SeededSamples(dataset, sampler.seed)
+        sampler = _Keys(sampler)  # type: ignore[assignment]
+    loader = _Loader(
         dataset,
         batch_size=settings.batch_size,
         sampler=sampler,
@@ -92,7 +389,13 @@ def build_loader(
         persistent_workers=settings.persistent_workers and workers > 0,
         prefetch_factor=settings.prefetch_factor if workers > 0 else None,
         generator=torch.Generator().manual_seed(seed),
+        worker_init_fn=IgnoreStopSignals(signals, worker_init_fn),
     )
+    loader.stop_signals = signals
+    return loader
+
+
+# --- num_workers = auto -------------------------------------------------------------------------
 
 
 def available_cpus() -> int:
@@ -164,19 +467,25 @@ def measure_fetch_time(
         del it  # shuts the workers down
 
 
+# (dataset, settings, collate_fn) -> seconds per batch
+FetchTimer = Callable[[Dataset, LoaderSettings, Callable[[list[Any]], Any] | None], float]
+
+
 def choose_num_workers(
     dataset: Dataset,
     settings: LoaderSettings,
     collate_fn: Callable[[list[Any]], Any] | None = None,
     candidates: Sequence[int] | None = None,
     tolerance: float = 0.10,
+    measure: FetchTimer = measure_fetch_time,
 ) -> WorkerChoice:
     """Measure each candidate worker count and choose the fewest workers within `tolerance`
-    of the fastest: more workers cost memory and CPU the training step may need."""
+    of the fastest: more workers cost memory and CPU the training step may need. `measure`
+    returns seconds per batch for one setting (`measure_fetch_time` unless given)."""
     measured: dict[int, float] = {}
     for n in candidates if candidates is not None else worker_candidates():
         trial = LoaderSettings(settings.batch_size, n, False, settings.prefetch_factor, False)
-        measured[n] = measure_fetch_time(dataset, trial, collate_fn)
+        measured[n] = measure(dataset, trial, collate_fn)
     best = min(measured.values())
     chosen = min(n for n, s in measured.items() if s <= best * (1 + tolerance))
     return WorkerChoice(chosen, measured)

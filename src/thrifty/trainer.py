@@ -52,9 +52,11 @@ from thrifty.instrument import NullTimer, make_timer, maybe_trace, measure_flops
 from thrifty.loading import (
     EpochSampler,
     LoaderSettings,
+    UntilStop,
     available_cpus,
     build_loader,
     choose_num_workers,
+    resolve_pin_memory,
 )
 from thrifty.lock import RunLock
 from thrifty.measure.cost import LostWork, lost_work_before_resume
@@ -71,6 +73,7 @@ from thrifty.parallel import (
     wrap,
 )
 from thrifty.precision import Precision, native_bf16, resolve_precision
+from thrifty.preemption import parse_signals
 from thrifty.progress import ProgressBar
 from thrifty.report import console_for_api, show_result
 from thrifty.rng import rng_state, set_rng_state
@@ -488,7 +491,7 @@ class Trainer:
 
     def _loader_settings(self, batch_size: int, num_workers: int) -> LoaderSettings:
         d = self.config.data
-        pin = self.device.type == "cuda" if d.pin_memory == "auto" else bool(d.pin_memory)
+        pin = resolve_pin_memory(d.pin_memory, self.device.type, num_workers)
         return LoaderSettings(batch_size, num_workers, pin, d.prefetch_factor, d.persistent_workers)
 
     def _build_train_loader(self) -> tuple[int, Any, Any]:
@@ -515,6 +518,7 @@ class Trainer:
             self._loader_settings(micro, int(workers)),
             self.collate_fn,
             seed=self.config.run.seed,
+            stop_signals=parse_signals(self.config.spot.signals),  # workers leave them to us
         )
         steps_per_epoch = len(self.train_data) // self.effective_batch
         if steps_per_epoch == 0:
@@ -638,7 +642,13 @@ class Trainer:
                 step_start = time.perf_counter()
                 monitor.start()  # the first sync point: intervals are measured sync to sync
                 timer.start()
-                for window in self._windows() if finished is None else ():
+                # A loader that fails while a stop is pending (a worker lost to the group's
+                # SIGTERM) ends the loop, not the run: every finished step is saved below.
+                windows = UntilStop(
+                    self._windows() if finished is None else iter(()),
+                    lambda: guard.preempted and not self.dist.enabled,
+                )
+                for window in windows:
                     timer.mark("data_wait")
                     lr = self.optimizer.param_groups[0]["lr"]
                     counts = window_counts(window)
@@ -707,6 +717,9 @@ class Trainer:
                     step_start = time.perf_counter()
                     timer.start()
             monitor.flush(self.state.seconds, self.state.samples, self.state.tokens)
+            if windows.error is not None:
+                self._checkpoint(guard, emergency=True)
+                stop_reason = "preempted"
             if stop_reason != "preempted":
                 self._checkpoint(guard, final=True)
             guard.finish()

@@ -1,0 +1,227 @@
+"""Never pay for a wasted run: skip non-finite steps, detect loss spikes, forecast the end.
+
+`GuardConfig` is the `[guard]` section. `NonFiniteCounter` counts consecutive non-finite steps
+(the Trainer skips them) and says when the run has diverged. `SpikeDetector` watches the
+training loss and confirms a spike when it stays far above its recent level for a few steps in a
+row; the Trainer then rolls back to the newest good checkpoint. The forecast keys configure
+`thrifty.forecast.cannot_reach`, which reads `early_stopping.target` (validated by
+`check_target`).
+
+Everything here is plain Python: importing it (through the config) stays cheap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, ClassVar, NoReturn
+
+from thrifty.errors import ConfigError
+
+
+def _fail(key: str, value: object, allowed: str) -> NoReturn:
+    raise ConfigError(f"guard.{key} = {value!r} is invalid: {allowed}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_target(value: object, where: str = "early_stopping.target") -> float | None:
+    """`early_stopping.target`: a validation loss to reach (finite, 0 or more), or None."""
+    if value is None:
+        return None
+    if isinstance(value, int | float) and _is_number(value) and value >= 0:
+        return float(value)
+    raise ConfigError(
+        f"{where} = {value!r} is invalid: must be a finite number, 0 or more "
+        "(the validation loss the run should reach, e.g. 2.5)"
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GuardConfig:
+    """Stop wasting money on a run that diverged, spiked or cannot reach its target.
+
+    - `max_skipped`: consecutive non-finite steps (NaN/inf loss or gradients) skipped before
+      the run stops as diverged. 10: a lone overflow is common and harmless, ten in a row
+      means the weights are gone. 0 stops at the first one.
+    - `spike_sigma`: a loss more than this many standard deviations above the running mean of
+      the last `spike_window` good losses is a spike candidate. 6: per-step noise almost never
+      reaches it, a real blow-up (loss jumping by multiples) always does.
+    - `spike_ratio`: instead of sigma, a loss above ratio × the running mean is a candidate
+      (e.g. 1.5). Useful when the loss is so smooth that its standard deviation says little.
+    - `spike_steps`: candidates in a row that confirm a spike. 3: one bad batch is a blip the
+      optimizer shrugs off; three in a row means the model itself moved.
+    - `spike_window`: good losses in the running statistics, and steps of warm-up before any
+      decision. 50: enough for a stable standard deviation, short enough to follow the
+      falling loss.
+    - `max_rollbacks`: rollbacks per run before the run stops as diverged. 2: a spike that
+      comes back twice after skipping its data will come back again. 0: the first confirmed
+      spike stops the run.
+    - `rollback_lr_factor`: multiplies the learning rate at each rollback, in (0, 1]. 1.0:
+      skipping the data that caused a spike is usually enough, and the schedule stays the one
+      chosen.
+    - `forecast_min_evals`: evaluations before the first forecast (at least 4: the curve has
+      three parameters). 5; a stop also needs three forecasts in a row, so it comes at the
+      seventh evaluation at the earliest.
+    - `forecast_confidence`: two-sided coverage of the forecast band. 0.99: the run stops only
+      when even the band's optimistic edge misses the target.
+    - `forecast_margin`: how far (fraction of the target) that optimistic edge must miss it.
+      0.05 covers the extra drop a learning-rate decay gives at the end of a run.
+    """
+
+    SECTION: ClassVar[str] = "guard"
+    enabled: bool = True  # false: no skipping, no spike detection, no forecast
+    max_skipped: int = 10
+    spike_sigma: float = 6.0
+    spike_ratio: float | None = None
+    spike_steps: int = 3
+    spike_window: int = 50
+    max_rollbacks: int = 2
+    rollback_lr_factor: float = 1.0
+    forecast_min_evals: int = 5
+    forecast_confidence: float = 0.99
+    forecast_margin: float = 0.05
+
+    def __post_init__(self) -> None:
+        self._check_counts()
+        if not (_is_number(self.spike_sigma) and self.spike_sigma >= 2):
+            _fail("spike_sigma", self.spike_sigma, "must be a number, 2 or more (e.g. 6)")
+        if self.spike_ratio is not None and not (
+            _is_number(self.spike_ratio) and self.spike_ratio > 1
+        ):
+            _fail(
+                "spike_ratio",
+                self.spike_ratio,
+                "must be greater than 1 (e.g. 1.5: a loss 50% above its running mean)",
+            )
+        if not (_is_number(self.rollback_lr_factor) and 0 < self.rollback_lr_factor <= 1):
+            _fail(
+                "rollback_lr_factor",
+                self.rollback_lr_factor,
+                "must be in (0, 1]: 1 keeps the learning rate, 0.5 halves it",
+            )
+        if not (_is_number(self.forecast_confidence) and 0.5 <= self.forecast_confidence < 1):
+            _fail("forecast_confidence", self.forecast_confidence, "must be in [0.5, 1), e.g. 0.99")
+        if not (_is_number(self.forecast_margin) and 0 <= self.forecast_margin < 1):
+            _fail("forecast_margin", self.forecast_margin, "must be in [0, 1), e.g. 0.05")
+
+    def _check_counts(self) -> None:
+        minimums = {
+            "max_skipped": (0, ""),
+            "spike_steps": (1, ""),
+            "spike_window": (10, ": fewer good losses give too noisy a standard deviation"),
+            "max_rollbacks": (0, ""),
+            "forecast_min_evals": (4, ": the forecast curve has three parameters"),
+        }
+        for key, (least, why) in minimums.items():
+            value = getattr(self, key)
+            if not (_is_int(value) and value >= least):
+                _fail(key, value, f"must be a whole number, {least} or more{why}")
+
+
+class NonFiniteCounter:
+    """Consecutive non-finite steps: the Trainer skips each one; too many in a row is divergence.
+
+    `update(finite)` once per optimizer step; True means stop the run as diverged (more than
+    `max_skipped` in a row). `skipped` counts every step skipped in the run.
+    """
+
+    def __init__(self, max_skipped: int = 10) -> None:
+        self.max_skipped = max_skipped
+        self.consecutive = 0
+        self.skipped = 0
+
+    def update(self, finite: bool) -> bool:
+        """Record one step; True when the run has diverged (the step must not be applied)."""
+        if finite:
+            self.consecutive = 0
+            return False
+        self.consecutive += 1
+        self.skipped += 1
+        return self.consecutive > self.max_skipped
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"consecutive": self.consecutive, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.consecutive = int(state["consecutive"])
+        self.skipped = int(state["skipped"])
+
+
+class SpikeDetector:
+    """Confirms a loss spike: `steps` losses in a row far above the running level.
+
+    The running mean and standard deviation cover the last `window` good losses only; a
+    candidate is held aside, so a sustained spike cannot inflate the baseline it is measured
+    against. No decision until `window` losses have been seen (the first steps of a run fall
+    too fast for a level to mean anything). With `ratio`, a candidate is a loss above
+    ratio × the running mean instead of mean + sigma × std. Non-finite losses are ignored:
+    `NonFiniteCounter` handles those.
+    """
+
+    def __init__(
+        self, *, sigma: float = 6.0, steps: int = 3, window: int = 50, ratio: float | None = None
+    ) -> None:
+        self.sigma, self.steps, self.window, self.ratio = sigma, steps, window, ratio
+        self.baseline: deque[float] = deque(maxlen=window)
+        self.pending: list[float] = []
+        self.spikes = 0
+
+    @classmethod
+    def from_config(cls, config: GuardConfig) -> SpikeDetector:
+        return cls(
+            sigma=config.spike_sigma,
+            steps=config.spike_steps,
+            window=config.spike_window,
+            ratio=config.spike_ratio,
+        )
+
+    def threshold(self) -> float | None:
+        """The loss above which a step is a spike candidate; None during warm-up."""
+        if len(self.baseline) < self.window:
+            return None
+        n = len(self.baseline)
+        mean = sum(self.baseline) / n
+        if self.ratio is not None:
+            # Measured from |mean| so a loss that may be negative still gets a sane bar.
+            return mean + (self.ratio - 1) * abs(mean)
+        std = math.sqrt(sum((x - mean) ** 2 for x in self.baseline) / (n - 1))
+        # A floor so a perfectly flat loss (a fixed batch, a constant) does not turn rounding
+        # noise into spikes: 0.5% of the level.
+        return mean + self.sigma * max(std, 5e-3 * abs(mean), 1e-12)
+
+    def update(self, loss: float) -> bool:
+        """Record one step's training loss; True when a spike is confirmed (then roll back)."""
+        if not math.isfinite(loss):
+            return False
+        bar = self.threshold()
+        if bar is None or loss <= bar:
+            self.pending.clear()
+            self.baseline.append(float(loss))
+            return False
+        self.pending.append(float(loss))
+        if len(self.pending) < self.steps:
+            return False
+        self.pending.clear()
+        self.spikes += 1
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain floats and ints: loads with `torch.load(..., weights_only=True)`."""
+        return {
+            "baseline": list(self.baseline),
+            "pending": list(self.pending),
+            "spikes": self.spikes,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.baseline = deque((float(x) for x in state["baseline"]), maxlen=self.window)
+        self.pending = [float(x) for x in state["pending"]]
+        self.spikes = int(state["spikes"])

@@ -1,0 +1,236 @@
+"""A stop signal to the whole process group, DataLoader workers included: the run saves, exits 75
+and resumes bit for bit."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import AugmentedTokens, TokenDataset, stop_group_after, tiny_gpt
+from thrifty.errors import ConfigError
+from thrifty.loading import (
+    EpochSampler,
+    IgnoreStopSignals,
+    LoaderSettings,
+    UntilStop,
+    _blocked,
+    build_loader,
+)
+from thrifty.preemption import EXIT_PREEMPTED
+from thrifty.rundir import read_metrics
+
+TESTS = Path(__file__).parent
+
+
+def job(tmp_path: Path, steps: int) -> Path:
+    """`thrifty train` on a tiny GPT with dropout, fed by 2 workers that augment at random."""
+    config = tmp_path / "job.toml"
+    config.write_text(
+        f'[run]\nmax_steps = {steps}\nlog_every = 1\nprogress = "off"\ndeterministic = true\n'
+        '[batch]\nmicro = 4\n[data]\nnum_workers = 2\n[schedule]\ndecay = "constant"\n'
+        '[checkpoint]\nevery = "off"\n[spot]\nprovider = "none"\n[measure]\nbreakdown = false\n'
+        '[task]\nmodel = "thrifty.demo:build_model"\ntrain_data = "helpers:augmented_tokens"\n'
+        "model_args = { n_layer = 2, n_head = 2, n_embd = 32, block_size = 32, dropout = 0.1 }\n"
+    )
+    return config
+
+
+def final_state(run: Path) -> tuple[dict[str, torch.Tensor], dict[int, float]]:
+    """The model in the run's last checkpoint, and the loss of every step logged."""
+    last = sorted((run / "checkpoints").glob("step-*/manifest.json"))[-1].parent
+    state = torch.load(last / "state.pt", weights_only=True, map_location="cpu")
+    losses = {r["step"]: r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r}
+    return state["model"], losses
+
+
+def test_sigterm_to_the_process_group_saves_exits_75_and_resumes_bit_for_bit(tmp_path):
+    import subprocess
+
+    config = job(tmp_path, steps=40)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
+
+    def command(out: str) -> list[str]:
+        return [sys.executable, "-m", "thrifty", "train", str(config), "--out", str(tmp_path / out)]
+
+    cut = stop_group_after(command("cut"), tmp_path / "cut" / "metrics.jsonl", 3, env)
+    assert cut.returncode == EXIT_PREEMPTED, cut.stderr
+    assert "received SIGTERM: saving an emergency checkpoint" in cut.stderr
+    assert "Traceback" not in cut.stderr and "DataLoader worker" not in cut.stderr
+    saved = list((tmp_path / "cut" / "checkpoints").glob("step-*/manifest.json"))
+    assert len(saved) == 1
+    step = int(saved[0].parent.name.split("-")[1])
+    assert 3 <= step < 40
+
+    again = subprocess.run(command("cut"), capture_output=True, text=True, env=env, timeout=180)
+    assert again.returncode == 0, again.stderr
+    assert f"resumed from step {step}" in again.stderr
+    whole = subprocess.run(command("ref"), capture_output=True, text=True, env=env, timeout=180)
+    assert whole.returncode == 0, whole.stderr
+
+    resumed, resumed_losses = final_state(tmp_path / "cut")
+    reference, reference_losses = final_state(tmp_path / "ref")
+    for name, tensor in reference.items():
+        assert torch.equal(tensor, resumed[name]), name
+    assert resumed_losses == reference_losses and len(reference_losses) == 40
+
+
+class Pids(torch.utils.data.Dataset):
+    """Each sample is (its index, the pid of the process that fetched it)."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.002)
+        return torch.tensor([i, os.getpid()])
+
+
+def loader(data, workers: int = 2, **kw):
+    sampler = EpochSampler(len(data), shuffle=False)
+    return build_loader(data, sampler, LoaderSettings(4, workers, persistent_workers=False), **kw)
+
+
+def test_workers_ignore_a_sigterm_sent_to_them_and_keep_serving():
+    batches = iter(loader(Pids()))
+    first = next(batches)
+    for pid in set(first[:, 1].tolist()) - {os.getpid()}:
+        os.kill(pid, signal.SIGTERM)
+    rest = list(batches)
+    indices = torch.cat([first, *rest])[:, 0].tolist()
+    assert indices == list(range(64))  # every batch arrived: no worker died
+
+
+def _record(worker_id: int) -> None:
+    # The user's worker_init_fn, run after thrifty's: SIGTERM is ignored by then.
+    ignored = signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    os.environ["THRIFTY_TEST_INIT"] = f"{worker_id}:{ignored}"
+
+
+class InitSeen(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> str:
+        return os.environ.get("THRIFTY_TEST_INIT", "")
+
+
+def test_a_users_worker_init_fn_still_runs_after_the_signals_are_ignored():
+    seen = {s for batch in loader(InitSeen(), worker_init_fn=_record) for s in batch}
+    assert seen == {"0:True", "1:True"}
+
+
+def _signal_self_then_ignore() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)  # arrives before the worker could ignore it
+    IgnoreStopSignals()(0)
+
+
+def test_a_stop_signal_before_the_worker_ignores_it_waits_and_is_discarded():
+    fork = multiprocessing.get_context("fork")
+    with _blocked((signal.SIGTERM,)):  # what the loader does while it starts workers
+        held = fork.Process(target=_signal_self_then_ignore)
+        held.start()
+    held.join(30)
+    unheld = fork.Process(target=_signal_self_then_ignore)
+    unheld.start()
+    unheld.join(30)
+    assert held.exitcode == 0
+    assert unheld.exitcode == -signal.SIGTERM  # without the block the worker would die
+
+
+class DiesOf(torch.utils.data.Dataset):
+    """A worker that dies of `sig` at sample 9 (SIGTERM: as one reached before it could ignore
+    it; SIGKILL: as one the kernel's out-of-memory killer picked)."""
+
+    def __init__(self, sig: int = signal.SIGTERM) -> None:
+        self.sig = sig
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> int:
+        if i == 9:
+            if self.sig != signal.SIGKILL:
+                signal.signal(self.sig, signal.SIG_DFL)
+            os.kill(os.getpid(), self.sig)
+            time.sleep(5)
+        return i
+
+
+def test_a_worker_killed_by_the_stop_signal_ends_the_loop_cleanly_while_stopping(caplog):
+    caplog.set_level(logging.WARNING, logger="thrifty.loading")
+    batches = UntilStop(iter(loader(DiesOf(signal.SIGTERM))), stopping=lambda: True)
+    fetched = [b.tolist() for b in batches]  # neither the SIGCHLD handler nor the loader raises
+    # The batches before the lost one, in order (the dead worker may not have sent its last).
+    assert fetched == [list(range(4 * b, 4 * b + 4)) for b in range(len(fetched))]
+    assert len(fetched) <= 2
+    assert "exited unexpectedly" in str(batches.error)
+    assert "killed by signal: Terminated. The run goes on to save its checkpoint" in caplog.text
+    assert "data loading failed while stopping" in caplog.text
+
+
+def test_a_worker_lost_without_a_stop_still_fails_the_run():
+    batches = UntilStop(iter(loader(DiesOf(signal.SIGKILL))), stopping=lambda: False)
+    with pytest.raises(RuntimeError, match="DataLoader worker"):
+        for _ in batches:
+            time.sleep(0.01)
+
+
+def test_a_signal_workers_cannot_ignore_is_refused_with_the_fix():
+    with pytest.raises(ConfigError, match=r"stop signal SIGKILL \(9\) cannot be ignored by data-"):
+        loader(TokenDataset(), stop_signals=(signal.SIGTERM, signal.SIGKILL))
+    with pytest.raises(ConfigError, match="stop signal 'TERM' cannot be ignored"):
+        loader(TokenDataset(), stop_signals=("TERM",))
+
+
+class LostWithTheSignal(AugmentedTokens):
+    """Once `metrics` has `after` losses, both workers stop serving, and a second later one
+    sends SIGTERM to the main process — by then waiting for a batch — and both die of SIGTERM:
+    workers the group's signal reached before they could ignore it."""
+
+    def __init__(self, metrics: Path, after: int) -> None:
+        super().__init__(n=40)
+        self.metrics, self.after = metrics, after
+
+    def __getitem__(self, i: int):
+        late = self.metrics.exists() and self.metrics.read_text().count('"loss"') >= self.after
+        if late and torch.utils.data.get_worker_info() is not None:
+            time.sleep(1.0)  # the main process uses up the batches it has, then waits
+            try:
+                os.close(os.open(self.metrics.with_name("signalled"), os.O_CREAT | os.O_EXCL))
+                os.kill(os.getppid(), signal.SIGTERM)  # one signal to the main process
+            except FileExistsError:
+                pass
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        return super().__getitem__(i)
+
+
+def test_a_worker_lost_with_the_stop_signal_still_gets_the_run_saved_and_resumed_exactly(tmp_path):
+    from test_resume import SigtermAt, config
+    from thrifty import Trainer
+
+    def train(out: Path, data):
+        torch.manual_seed(0)
+        model = SigtermAt(tiny_gpt(dropout=0.1), None)
+        return model, Trainer(model, data, config(out, workers=2, steps=16)).fit()
+
+    reference, _ = train(tmp_path / "ref", AugmentedTokens(n=40))
+    _, first = train(tmp_path / "cut", LostWithTheSignal(tmp_path / "cut" / "metrics.jsonl", 4))
+    assert first.stop_reason == "preempted" and 4 <= first.steps < 16
+    resumed, second = train(tmp_path / "cut", AugmentedTokens(n=40))
+    assert second.steps == 16
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(tensor, resumed.state_dict()[name]), name
