@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 
 from thrifty.errors import ConfigError
+from thrifty.guard import GuardConfig, check_target
 from thrifty.measure.cost import CostConfig
 
 
@@ -253,10 +254,14 @@ class EarlyStoppingConfig:
     SECTION: ClassVar[str] = "early_stopping"
     patience: int = 0  # evaluations without improvement; 0 turns early stopping off
     min_delta: float = 0.0
+    # A validation loss to reach: the run stops (stop_reason "forecast") once a fit of the
+    # validation curve says, with its uncertainty, that the budget cannot reach it ([guard]).
+    target: float | None = None
 
     def __post_init__(self) -> None:
         _non_negative(self.SECTION, "patience", self.patience)
         _non_negative(self.SECTION, "min_delta", self.min_delta)
+        check_target(self.target, f"{self.SECTION}.target")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -409,6 +414,7 @@ class TrainConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
 
     @classmethod

@@ -225,3 +225,148 @@ class SpikeDetector:
         self.baseline = deque((float(x) for x in state["baseline"]), maxlen=self.window)
         self.pending = [float(x) for x in state["pending"]]
         self.spikes = int(state["spikes"])
+
+
+# --------------------------------------------------------------------------------------------
+# In the training loop: the skip on the device, the schedule set back, the run's guard state
+
+
+def step_unless_skipped(optimizer: Any, scaler: Any, ok: Any, *, warn: Any = None) -> None:
+    """The optimizer step, left out where `ok` (a bool tensor on the device) is False.
+
+    Fused optimizers skip on the device through the `found_inf` tensor the fp16 loss scaler
+    uses, so no host synchronization is added. An enabled scaler skips overflowing steps
+    itself. Any other optimizer needs the flag on the host: free on CPU, one synchronization
+    per step on a GPU (`warn(message)` is called once to say so).
+    """
+    if scaler.is_enabled():  # fp16: a non-finite loss leaves non-finite gradients, and
+        scaler.step(optimizer)  # the scaler skips those steps (and lowers its scale)
+        scaler.update()
+        return
+    if getattr(optimizer, "_step_supports_amp_scaling", False):
+        optimizer.found_inf = (~ok).float()
+        optimizer.grad_scale = None
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf, optimizer.grad_scale
+        return
+    if ok.device.type != "cpu" and warn is not None:
+        warn(
+            f"guard: {type(optimizer).__name__} has no fused kernel to skip a non-finite step "
+            "on the device, so each step reads one flag back (one GPU sync per step); use a "
+            "fused optimizer (e.g. AdamW(fused=True)) to avoid it"
+        )
+    if bool(ok):
+        optimizer.step()
+
+
+def rewind_schedule(scheduler: Any, steps: int) -> None:
+    """Set a LambdaLR back by `steps` skipped steps: a skipped step does not advance the
+    learning-rate schedule. Applied when the skip is known on the host (the metrics flush)."""
+    if steps <= 0:
+        return
+    scheduler.last_epoch -= steps
+    lrs = [
+        base * fn(scheduler.last_epoch)
+        for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+    ]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
+
+
+def scale_learning_rate(scheduler: Any, factor: float) -> None:
+    """Multiply the schedule's peak learning rates (and the current ones) by `factor`."""
+    if factor == 1.0:
+        return
+    scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
+    for group in scheduler.optimizer.param_groups:
+        group["lr"] *= factor
+        group["initial_lr"] = group.get("initial_lr", group["lr"]) * factor
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+
+@dataclass
+class Verdict:
+    """What the guard makes of the steps just flushed."""
+
+    skipped: int = 0  # steps newly skipped (the schedule is set back by as many)
+    diverged: str | None = None  # why the run must stop as diverged
+    spike_start: int | None = None  # a confirmed spike began at this step: roll back
+
+
+class RunGuard:
+    """The run's guard against waste: counts skipped steps, watches for loss spikes, keeps
+    the rollbacks and the forecast. Fed the steps' records when the metrics are flushed
+    (their losses are on the host by then: no extra synchronization)."""
+
+    def __init__(self, config: GuardConfig) -> None:
+        self.config = config
+        self.nonfinite = NonFiniteCounter(config.max_skipped)
+        self.spikes = SpikeDetector.from_config(config)
+        self.rollbacks: list[dict[str, Any]] = []
+        self.last_finite: tuple[int, float] | None = None  # (step, loss)
+        self.forecast: dict[str, Any] | None = None  # the latest forecast, for the summary
+        self.stopped: str | None = None  # why the run stopped as diverged
+
+    @property
+    def suspect(self) -> bool:
+        """A spike is building (not yet confirmed): no checkpoint should be written now."""
+        return bool(self.spikes.pending)
+
+    def observe(self, records: list[dict[str, Any]]) -> Verdict:
+        verdict = Verdict()
+        if not self.config.enabled:
+            return verdict
+        for record in records:
+            step, loss = record["step"], record["loss"]
+            # A non-finite loss (averaged over the ranks, so every rank agrees) is a skipped
+            # step too: under fp16 the loss scaler is what left it out.
+            if record.get("skipped") or not math.isfinite(loss):
+                verdict.skipped += 1
+                if self.nonfinite.update(False):
+                    last = (
+                        f"the last finite loss was {self.last_finite[1]:.4g} at step "
+                        f"{self.last_finite[0]}"
+                        if self.last_finite
+                        else "no step had a finite loss"
+                    )
+                    verdict.diverged = (
+                        f"{self.nonfinite.consecutive} steps in a row up to step {step} had a "
+                        f"non-finite loss or gradient (guard.max_skipped = "
+                        f"{self.config.max_skipped}); {last}"
+                    )
+                    return verdict
+                continue
+            self.nonfinite.update(True)
+            if not math.isfinite(loss):
+                continue
+            self.last_finite = (step, loss)
+            if self.spikes.update(loss):
+                verdict.spike_start = step - self.config.spike_steps + 1
+                return verdict
+        return verdict
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "skipped_steps": self.nonfinite.skipped,
+            "rollbacks": list(self.rollbacks),
+            "forecast": self.forecast,
+            "diverged": self.stopped,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "nonfinite": self.nonfinite.state_dict(),
+            "spikes": self.spikes.state_dict(),
+            "rollbacks": [dict(r) for r in self.rollbacks],
+            "last_finite": list(self.last_finite) if self.last_finite else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.nonfinite.load_state_dict(state["nonfinite"])
+        self.spikes.load_state_dict(state["spikes"])
+        self.rollbacks = [dict(r) for r in state["rollbacks"]]
+        last = state.get("last_finite")
+        self.last_finite = (int(last[0]), float(last[1])) if last else None

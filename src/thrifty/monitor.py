@@ -148,17 +148,19 @@ class RunMonitor:
         record["_phases"] = raw_phases
         self.pending.append(record)
 
-    def flush(self, elapsed_seconds: float, samples: int, tokens: int) -> None:
-        """Write the buffered steps: one host sync for the whole interval."""
+    def flush(self, elapsed_seconds: float, samples: int, tokens: int) -> list[dict[str, Any]]:
+        """Write the buffered steps: one host sync for the whole interval. Returns the steps'
+        records, their tensors read (`skipped`: the guard left the step out)."""
         if not self.pending:
-            return
+            return []
         pending, self.pending = self.pending, []
         losses_t = torch.stack([r["loss"].float() for r in pending])
         if self.reduce is not None:  # every rank's loss, averaged: one collective per flush
             self.reduce(losses_t)
         norms_t = [r["grad_norm"].float() for r in pending if r["grad_norm"] is not None]
+        skips_t = [r["skipped"].float() for r in pending if r.get("skipped") is not None]
         # This is a CPU-GPU sync point: every step of the interval has finished on the device.
-        values = torch.cat([losses_t, *(n.reshape(1) for n in norms_t)]).tolist()
+        values = torch.cat([losses_t, *(t.reshape(1) for t in (*norms_t, *skips_t))]).tolist()
         raws = [r.pop("_phases") for r in pending]
         phases = [self.timer.resolve(raw) for raw in raws]
         weights = [
@@ -167,11 +169,18 @@ class RunMonitor:
         ]
         interval = self._interval_seconds(weights)
         seconds = _apportion(interval, weights)
-        losses, norms = values[: len(pending)], iter(values[len(pending) :])
-        for i, (record, loss) in enumerate(zip(pending, losses, strict=True)):
+        losses, rest = values[: len(pending)], iter(values[len(pending) :])
+        for record, loss in zip(pending, losses, strict=True):
             record["loss"] = loss
             if record["grad_norm"] is not None:
-                record["grad_norm"] = next(norms)
+                record["grad_norm"] = next(rest)
+        for record in pending:
+            if record.get("skipped") is not None:
+                if next(rest):
+                    record["skipped"] = True
+                else:
+                    del record["skipped"]
+        for i, record in enumerate(pending):
             record["step_seconds"] = seconds[i]
             self.meter.add(seconds[i], record.pop("samples_in_step"), record.pop("tokens_in_step"))
             if phases[i] is not None:
@@ -202,6 +211,7 @@ class RunMonitor:
             self.meter.samples_per_second,
             usd_text,
         )
+        return pending
 
     def _count(
         self, phases: dict[str, float], busy: dict[str, float] | None, seconds: float

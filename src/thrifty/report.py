@@ -49,15 +49,41 @@ def print_summary(result: Any) -> None:
             "dollars",
             None if not result.cost else f"${result.cost['usd']:.4f} ({result.cost['pricing']})",
         ),
+        ("guard", _guard_line(getattr(result, "guard", None))),
         ("run directory", result.run_dir),
     ]
     for name, value in rows:
         if name.startswith("token") and not result.tokens:
             continue  # not a token-based task
-        if name == "processes" and value is None:
-            continue  # one process
+        if name in ("processes", "guard") and value is None:
+            continue  # one process; nothing the guard did
         table.add_row(name, _fmt(value))
     Console().print(table)
+
+
+def _guard_line(guard: dict[str, Any] | None) -> str | None:
+    """What the guard did, in one cell: skipped steps, rollbacks, the forecast, the saving."""
+    if not guard:
+        return None
+    parts = []
+    if guard.get("skipped_steps"):
+        parts.append(f"{guard['skipped_steps']} non-finite steps skipped")
+    for r in guard.get("rollbacks") or []:
+        usd = f", ${r['usd_lost']:.4f}" if r.get("usd_lost") is not None else ""
+        parts.append(
+            f"rolled back {r['from_step']} → {r['to_step']} ({r['steps_lost']} steps{usd})"
+        )
+    forecast = guard.get("forecast")
+    if forecast and forecast.get("stopped"):
+        parts.append(
+            f"forecast {forecast['value']:.4g} (band {forecast['low']:.4g}–{forecast['high']:.4g}) "
+            f"at step {forecast['at_step']} misses target {forecast['target']:.4g}"
+        )
+    saved = guard.get("saved")
+    if saved:
+        usd = f", ${saved['usd']:.4f}" if saved.get("usd") is not None else ""
+        parts.append(f"{saved['by']} left {saved['steps_not_run']} steps unpaid{usd}")
+    return "; ".join(parts) or None
 
 
 def print_diagnosis(diagnosis: Any, result: Any = None) -> None:

@@ -47,6 +47,13 @@ from thrifty.config_changes import (
 from thrifty.distributed import Distributed, check_same_config, init_distributed
 from thrifty.early_stopping import Budget, EarlyStopping
 from thrifty.errors import ConfigError, ThriftyError
+from thrifty.forecast import cannot_reach, require_validation
+from thrifty.guard import (
+    RunGuard,
+    rewind_schedule,
+    scale_learning_rate,
+    step_unless_skipped,
+)
 from thrifty.inputs import check_dataset, check_model
 from thrifty.instrument import NullTimer, make_timer, maybe_trace, measure_flops
 from thrifty.loading import (
@@ -118,6 +125,9 @@ class FitResult:
     step_seconds: float | None = None  # mean seconds per optimizer step (warm-up excluded)
     # The newest checkpoint: step, location, whether its upload finished, the local copy.
     checkpoint: dict[str, Any] | None = None
+    # What the guard did and saved: skipped steps, rollbacks (steps and dollars lost), the
+    # forecast, and the steps and dollars a stop before the budget did not spend.
+    guard: dict[str, Any] | None = None
 
 
 @dataclass
@@ -133,6 +143,8 @@ class TrainState:
     initial_val_loss: float | None = None
     val_loss: float | None = None
     eval_pending: bool = False  # an evaluation put off by a preemption, done on resume
+    val_steps: list[int] = field(default_factory=list)  # where the forecast's points were taken
+    val_losses: list[float] = field(default_factory=list)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -159,7 +171,9 @@ def resolve_device(name: str) -> torch.device:
                 f"run.device = {name!r} is invalid: this process sees {count} CUDA device(s), "
                 f"cuda:0 to cuda:{count - 1} (CUDA_VISIBLE_DEVICES renumbers them)"
             )
-        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+        device = torch.device(
+            "cuda", torch.cuda.current_device() if device.index is None else device.index
+        )
         torch.cuda.set_device(device)
     return device
 
@@ -169,6 +183,15 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     if hasattr(torch.nn.utils, "get_total_norm"):
         return torch.nn.utils.get_total_norm(grads)
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning(message)
 
 
 def _seed_everything(seed: int) -> None:
@@ -208,7 +231,10 @@ class Trainer:
         if val_data is not None:
             eval_micro = self.config.eval.micro
             check_dataset(
-                val_data, "val_data", eval_micro or micro, "eval.micro" if eval_micro else "batch.micro"
+                val_data,
+                "val_data",
+                eval_micro or micro,
+                "eval.micro" if eval_micro else "batch.micro",
             )
         self.model = model
         self.train_data = train_data
@@ -242,6 +268,8 @@ class Trainer:
         self._extending = False  # resuming a finished run with a larger budget
         self.diagnosis: Any = None  # set by fit(): what limited the steps, what to change
         self._fitted = False
+        self.run_guard = RunGuard(self.config.guard)
+        require_validation(self.config.early_stopping.target, val_data is not None)
         self.checkpoint_status: dict[str, Any] | None = None  # the newest save, once fit() ends
         # Who drives this Trainer: messages name CLI flags ("cli") or Python arguments ("api").
         self.interface = "api"
@@ -418,7 +446,8 @@ class Trainer:
             ),
         )
         if diagnosis is not None and self.run_dir is not None:
-            write_json(self.run_dir / "diagnosis.json", diagnosis.to_dict())
+            saved = {"guard": self.run_guard.summary()}  # beside the bottleneck: what was saved
+            write_json(self.run_dir / "diagnosis.json", {**diagnosis.to_dict(), **saved})
         return diagnosis
 
     def _apply_activation_checkpointing(self) -> list[str]:
@@ -556,9 +585,11 @@ class Trainer:
         counts: tuple[list[int], list[int]],
         timer: NullTimer,
         totals: tuple[int, int] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step over an accumulation window; returns (loss, grad norm) as tensors
-        on the device — reading them would force a host sync, so the caller batches that.
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One optimizer step over an accumulation window; returns (loss, grad norm, skipped) as
+        tensors on the device — reading them would force a host sync, so the caller batches
+        that. `skipped` (None with the guard off) is True where a non-finite loss or gradient
+        left the step out.
         `counts` are the window's samples and tokens per micro-batch, counted on the host;
         `totals` the samples and tokens of the window over all ranks (None: one process)."""
         weights = loss_weights(
@@ -589,12 +620,28 @@ class Trainer:
             grad_norm = total_norm([p.grad for p in self._params if p.grad is not None])
         if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor
             grad_norm = grad_norm.full_tensor()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.scheduler.step()
+        skipped = None
+        if self.config.guard.enabled and self.scaler.is_enabled():
+            # fp16: the scaler skips steps with non-finite gradients itself (an overflow is its
+            # business, not divergence); the guard counts a non-finite loss, read at the flush
+            # (averaged over the ranks there, so that every rank agrees).
+            step_unless_skipped(self.optimizer, self.scaler, grad_norm)
+            if not self.dist.enabled:
+                skipped = ~torch.isfinite(window_loss)
+        elif self.config.guard.enabled:
+            # The same verdict on every rank: the norm of the synchronized gradients is.
+            ok = torch.isfinite(grad_norm)
+            if not self.dist.enabled:
+                ok &= torch.isfinite(window_loss)
+            step_unless_skipped(self.optimizer, self.scaler, ok, warn=_warn_once)
+            skipped = ~ok
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        self.scheduler.step()  # set back at the next flush for a skipped step
         self.optimizer.zero_grad(set_to_none=True)
         timer.mark("optimizer")
-        return window_loss, grad_norm  # this rank's; averaged over ranks when logged
+        return window_loss, grad_norm, skipped  # this rank's; averaged over ranks when logged
 
     def fit(self) -> FitResult:
         """Train until a budget, the data (run.max_epochs), early stopping or a preemption
@@ -630,8 +677,8 @@ class Trainer:
         # A run preempted at its last step resumes with its budget spent: no step more. An
         # evaluation the preemption put off comes first, as it would have.
         finished = budget.exceeded(self.state.step, self.state.tokens, self.state.seconds)
-        if self.state.eval_pending and self._evaluate_and_record():
-            finished = finished or "early_stopping"
+        if self.state.eval_pending:
+            finished = finished or self._evaluate_and_record()
         stop_reason = finished or stop_reason
         seconds_before = self.state.seconds
         started = time.perf_counter()
@@ -657,7 +704,7 @@ class Trainer:
                     if self.dist.enabled and uses_tokens(window, cfg.batch.normalize):
                         # Token weights need the window's tokens over all ranks before backward.
                         totals = tuple(self.dist.sum_ints([samples, tokens]))
-                    loss, grad_norm = self._train_step(window, counts, timer, totals)
+                    loss, grad_norm, skipped = self._train_step(window, counts, timer, totals)
                     seconds = seconds_before + time.perf_counter() - started
                     preempted, due = guard.preempted, guard.due(self.state.step + 1)
                     time_up = False
@@ -682,23 +729,26 @@ class Trainer:
                     elif eval_due:
                         monitor.pause()  # evaluation is not training: left out of the interval
                         eval_start = time.perf_counter()
-                        if self._evaluate_and_record() and reason is None:
-                            reason = "early_stopping"
+                        reason = reason or self._evaluate_and_record()
                         monitor.resume()
                         step_start += (
                             time.perf_counter() - eval_start
                         )  # evaluation is not step time
                     if preempted or (due and reason is None):
-                        monitor.flush(self.state.seconds, self.state.samples, self.state.tokens)
-                        save_start = time.perf_counter()
-                        self._checkpoint(guard, emergency=preempted)
-                        timer.add("checkpoint", time.perf_counter() - save_start)
+                        # The guard sees every step before a save: none is written while a
+                        # loss spike builds, or from a run that diverged.
+                        reason = self._flush(monitor, guard) or reason
+                        if preempted or not (self.run_guard.suspect or reason == "diverged"):
+                            save_start = time.perf_counter()
+                            self._checkpoint(guard, emergency=preempted)
+                            timer.add("checkpoint", time.perf_counter() - save_start)
                     now = time.perf_counter()
                     monitor.add(
                         {
                             "step": self.state.step,
                             "loss": loss,
                             "grad_norm": grad_norm,
+                            "skipped": skipped,
                             "lr": lr,
                             "samples": self.state.samples,
                             "tokens": self.state.tokens,
@@ -709,19 +759,19 @@ class Trainer:
                         timer.finish(),
                     )
                     if len(monitor.pending) >= cfg.run.log_every or reason is not None:
-                        monitor.flush(self.state.seconds, self.state.samples, self.state.tokens)
+                        reason = self._flush(monitor, guard) or reason
                     trace_step()
                     if reason is not None:
                         stop_reason = reason
                         break
                     step_start = time.perf_counter()
                     timer.start()
-            monitor.flush(self.state.seconds, self.state.samples, self.state.tokens)
+            stop_reason = self._flush(monitor, guard) or stop_reason
             if windows.error is not None:
                 self._checkpoint(guard, emergency=True)
                 stop_reason = "preempted"
-            if stop_reason != "preempted":
-                self._checkpoint(guard, final=True)
+            if stop_reason not in ("preempted", "diverged"):  # a diverged run keeps its last
+                self._checkpoint(guard, final=True)  # good checkpoint as the newest
             guard.finish()
             self.checkpoint_status = guard.upload_status() if self.dist.is_main else None
             self.dist.barrier()  # no rank leaves while rank 0 still writes the checkpoint
@@ -754,6 +804,7 @@ class Trainer:
             parameters=sum(p.numel() for p in self._params),
             step_seconds=monitor.meter.step_seconds,
             checkpoint=self.checkpoint_status,
+            guard={**self.run_guard.summary(), "saved": self._saved(stop_reason, monitor)},
         )
         if self.dist.is_main:
             self.diagnosis = self._diagnose(monitor)
@@ -761,12 +812,165 @@ class Trainer:
                 self._write_summary(result)
         return result
 
-    def _evaluate_and_record(self) -> bool:
-        """Evaluate, log it, feed early stopping; True when early stopping ends the run."""
+    def _evaluate_and_record(self) -> str | None:
+        """Evaluate, log it, feed early stopping and the forecast; returns "early_stopping" or
+        "forecast" when the run should end here."""
         self.state.eval_pending = False
         self.state.val_loss = self.evaluate()
         self._log_event(val_loss=self.state.val_loss)
-        return self.early_stopping.update(self.state.val_loss)
+        if self.state.val_loss is not None and self.state.step > 0:
+            self.state.val_steps.append(self.state.step)
+            self.state.val_losses.append(self.state.val_loss)
+        if self.early_stopping.update(self.state.val_loss):
+            return "early_stopping"
+        return self._forecast()
+
+    def _forecast(self) -> str | None:
+        """With early_stopping.target: "forecast" once the validation curve, fitted and
+        extended to the end of the budget with its band, cannot reach the target."""
+        g, target = self.config.guard, self.config.early_stopping.target
+        end = self._end_step()
+        if not g.enabled or target is None or end is None or self.state.step >= end:
+            return None
+        decision = cannot_reach(
+            self.state.val_steps,
+            self.state.val_losses,
+            target,
+            end,
+            min_evals=g.forecast_min_evals,
+            confidence=g.forecast_confidence,
+            margin=g.forecast_margin,
+        )
+        if decision.forecast is not None:
+            self.run_guard.forecast = {
+                **decision.forecast.to_dict(),
+                "target": target,
+                "stopped": bool(decision),
+                "reason": decision.reason,
+            }
+        if not decision:
+            return None
+        log.warning(
+            "forecast: the validation loss will be %s, short of the target %.4g: stopping (%s)",
+            decision.forecast.describe() if decision.forecast else "?",
+            target,
+            decision.reason,
+        )
+        return "forecast"
+
+    def _end_step(self) -> int | None:
+        """The step the budget ends at: max_steps, else the epochs' steps, else a projection
+        from the share of a token or time budget used so far."""
+        r = self.config.run
+        if r.max_steps is not None:
+            return r.max_steps
+        if r.max_epochs is not None:
+            return r.max_epochs * self.steps_per_epoch
+        fractions = [
+            self.state.tokens / r.max_tokens if r.max_tokens else 0.0,
+            self.state.seconds / r.max_seconds if r.max_seconds else 0.0,
+        ]
+        done = max(fractions)
+        return int(self.state.step / done) if done > 0 else None
+
+    # ------------------------------------------------------------------------------------
+    # The guard: skipped steps, loss spikes rolled back
+
+    def _flush(self, monitor: RunMonitor, guard: SpotGuard) -> str | None:
+        """Write the buffered steps and let the run guard judge them: the schedule is set back
+        for skipped steps, a confirmed loss spike rolled back. Returns "diverged" or None."""
+        records = monitor.flush(self.state.seconds, self.state.samples, self.state.tokens)
+        verdict = self.run_guard.observe(records)
+        rewind_schedule(self.scheduler, verdict.skipped)
+        if verdict.diverged is not None:
+            return self._diverged(verdict.diverged)
+        if verdict.spike_start is not None:
+            return self._roll_back(guard, monitor, verdict.spike_start)
+        return None
+
+    def _saved(self, stop_reason: str, monitor: RunMonitor) -> dict[str, Any] | None:
+        """Steps and dollars a stop before the budget did not spend (early stopping, the
+        forecast, divergence): the steps left times the measured step time and price."""
+        end = self._end_step()
+        if stop_reason not in ("early_stopping", "forecast", "diverged") or end is None:
+            return None
+        steps = max(0, end - self.state.step)
+        seconds = steps * (monitor.meter.step_seconds or 0.0)
+        usd = None if monitor.cost is None else seconds * monitor.cost.usd_per_hour / 3600
+        return {"by": stop_reason, "steps_not_run": steps, "seconds": seconds, "usd": usd}
+
+    def _diverged(self, why: str) -> str:
+        self.run_guard.stopped = why
+        log.error("diverged: %s; the newest checkpoint is the last good state", why)
+        self._log_event(event="diverged", why=why)
+        return "diverged"
+
+    def _roll_back(self, guard: SpotGuard, monitor: RunMonitor, spike_start: int) -> str | None:
+        """Restore the weights, optimizer and loss scale of the newest checkpoint from before
+        `spike_start`, keep the data position (the windows seen since are skipped) and the
+        schedule's, and go on. Past guard.max_rollbacks the run stops as diverged."""
+        g = self.config.guard
+        done = len(self.run_guard.rollbacks)
+        if done >= g.max_rollbacks:
+            return self._diverged(
+                f"a loss spike from step {spike_start} after {done} rollback(s) "
+                f"(guard.max_rollbacks = {g.max_rollbacks})"
+            )
+
+        def pick() -> tuple[int, str] | None:
+            guard.manager.wait()  # the save in flight
+            try:
+                info = guard.manager.latest(before=spike_start)
+            except ThriftyError as exc:
+                log.warning("no checkpoint to roll back to: %s", exc)
+                return None
+            return None if info is None else (info.step, local_checkpoint_folder(guard, info))
+
+        picked = self.dist.on_main(pick)
+        if picked is None:
+            return self._diverged(
+                f"a loss spike from step {spike_start} and no checkpoint before it to roll back to"
+            )
+        to_step, folder = picked
+        self._restore_weights(read_checkpoint_folder(self.dist, folder), folder)
+        scale_learning_rate(self.scheduler, g.rollback_lr_factor)
+        lost = self.state.step - to_step
+        seconds = lost * (monitor.meter.step_seconds or 0.0)
+        event = {
+            "from_step": self.state.step,
+            "to_step": to_step,
+            "spike_start": spike_start,
+            "steps_lost": lost,
+            "seconds_lost": seconds,
+            "usd_lost": None
+            if monitor.cost is None
+            else seconds * monitor.cost.usd_per_hour / 3600,
+            "lr_factor": g.rollback_lr_factor,
+        }
+        self.run_guard.rollbacks.append(event)
+        self._log_event(event="rollback", **event)
+        log.warning(
+            "loss spike from step %d: rolled back to the weights of step %d (%d steps lost), "
+            "skipping the data seen since",
+            spike_start,
+            to_step,
+            lost,
+        )
+        return None
+
+    def _restore_weights(self, state: dict[str, Any], folder: str) -> None:
+        """Model, optimizer moments and loss scale from a checkpoint; the counters, data
+        position, schedule and random streams stay where the run is."""
+        lrs = self.scheduler.get_last_lr()
+        if self.dist.strategy == "fsdp":
+            load_sharded(self.model, self.optimizer, state, folder, self.effective_batch, self.dist)
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        if state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
 
     def _advance(self, samples: int, tokens: int, seconds: float) -> None:
         self.state.seconds = seconds
@@ -973,6 +1177,7 @@ class Trainer:
             scheduler=self.scheduler.state_dict(),
             scaler=self.scaler.state_dict(),
             early_stopping=self.early_stopping.state_dict(),
+            guard=self.run_guard.state_dict(),
             progress=asdict(self.state),
             rng=rng_state(),
             effective_batch=self.effective_batch,
@@ -1037,6 +1242,8 @@ class Trainer:
         if state["scaler"]:  # a bf16/fp32 checkpoint has no loss scale for an fp16 resume
             self.scaler.load_state_dict(state["scaler"])
         self.early_stopping.load_state_dict(state["early_stopping"])
+        if "guard" in state:  # checkpoints before the guard have none
+            self.run_guard.load_state_dict(state["guard"])
         self.state = TrainState(**state["progress"])
         saved_accumulation = state.get("accumulation", self.accumulation)
         if saved_accumulation != self.accumulation:  # FSDP resharded: same windows, new split
@@ -1056,6 +1263,14 @@ class Trainer:
         written last, publishes the checkpoint once all shards are on disk."""
         d = self.dist
         step, metric = self.state.step, self.state.val_loss
+        if self.config.guard.enabled and d.any_of(not self._state_is_finite())[0]:
+            # No NaN on disk: the newest checkpoint stays the last good state.
+            log.error(
+                "not checkpointing step %d: the weights or optimizer state are not finite; the "
+                "newest checkpoint is the last good one",
+                step,
+            )
+            return
         extra: tuple[str, ...] = ()
         stall = 0.0
         sharded_plain = None
@@ -1083,6 +1298,20 @@ class Trainer:
             guard.save_final(step, state, metric, extra)
         else:
             guard.save(step, state, metric, extra, stall)
+
+    def _state_is_finite(self) -> bool:
+        """Whether this rank's weights and optimizer state are all finite: one host sync, at a
+        save only."""
+        tensors = [p.detach() for p in self.model.parameters()]
+        tensors += [
+            v
+            for per_param in self.optimizer.state.values()
+            for v in per_param.values()
+            if isinstance(v, torch.Tensor) and v.is_floating_point()
+        ]
+        local = [getattr(t, "to_local", lambda t=t: t)() for t in tensors]  # FSDP: the shard
+        flags = [torch.isfinite(t).all() for t in local if t.numel()]
+        return bool(torch.stack(flags).all()) if flags else True
 
     def _log_event(self, **fields: Any) -> None:
         if self.metrics is not None:  # rank 0's

@@ -290,8 +290,9 @@ class CheckpointManager:
 
     # --- resume ------------------------------------------------------------------------------
 
-    def latest(self) -> CheckpointInfo | None:
+    def latest(self, before: int | None = None) -> CheckpointInfo | None:
         """The newest checkpoint whose files match its manifest; None when there is none at all.
+        With `before`, the newest of those with a step below it (a rollback's target).
 
         Looks in local_dir and, for a URL, at the remote location; a remote checkpoint is
         downloaded into local_dir to be verified. One that does not match its manifest is
@@ -311,6 +312,8 @@ class CheckpointManager:
                 remote = listing.published
                 failures = {**listing.damaged, **failures}
             for step in sorted(set(local.published) | set(remote), reverse=True):
+                if before is not None and step >= before:
+                    continue
                 info = self._verified(step, local.published.get(step), remote.get(step), failures)
                 if info is not None:
                     return info
