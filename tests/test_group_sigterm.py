@@ -7,6 +7,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -234,3 +235,29 @@ def test_a_worker_lost_with_the_stop_signal_still_gets_the_run_saved_and_resumed
     assert second.steps == 16
     for name, tensor in reference.state_dict().items():
         assert torch.equal(tensor, resumed.state_dict()[name]), name
+
+
+LIVE_WORKERS_AT_EXIT = """
+import sys
+sys.path.insert(0, {tests!r})
+from helpers import TokenDataset
+from thrifty.loading import EpochSampler, LoaderSettings, build_loader
+
+loader = build_loader(TokenDataset(n=64), EpochSampler(64, shuffle=False), LoaderSettings(4, 2))
+batches = iter(loader)
+next(batches)
+print("live workers:", len(batches._workers), flush=True)
+"""
+
+
+def test_the_interpreter_exits_with_workers_that_ignore_sigterm_still_alive(tmp_path):
+    # multiprocessing's exit hook stops daemon workers with SIGTERM, then waits for them: a
+    # worker that ignores SIGTERM would hold the process forever (a notebook, a script that
+    # keeps an iterator, a test that failed mid-run). thrifty stops them first.
+    script = tmp_path / "exit.py"
+    script.write_text(LIVE_WORKERS_AT_EXIT.format(tests=str(Path(__file__).parent)))
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "live workers: 2" in proc.stdout

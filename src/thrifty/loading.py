@@ -19,6 +19,7 @@ Two things make a run with loader workers stop and resume as exactly as one with
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -27,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -316,6 +318,29 @@ class UntilStop(Generic[T]):
             raise StopIteration from None
 
 
+# Iterators whose workers ignore the stop signals. multiprocessing's exit hook stops daemon
+# children with SIGTERM and then waits for them: a worker that ignores SIGTERM would make the
+# interpreter wait forever, so these are shut down (or killed) first.
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+_EXIT_HOOK: list[bool] = []
+
+
+def close_workers(iterators: Any = None) -> None:
+    """Shut down the workers of live loader iterators (all of them by default): the graceful
+    way first, then SIGKILL for a worker still alive (it ignores SIGTERM by design)."""
+    for batches in list(_LIVE if iterators is None else iterators):
+        workers = list(getattr(batches, "_workers", []))
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            with contextlib.suppress(Exception):
+                shutdown()
+        for worker in workers:
+            if worker.is_alive():
+                worker.kill()
+                worker.join(timeout=5)
+        _LIVE.discard(batches)
+
+
 class _Loader(DataLoader):
     """A DataLoader that starts its workers with `stop_signals` blocked and tolerates a worker
     that dies of one (see the module docstring)."""
@@ -328,7 +353,18 @@ class _Loader(DataLoader):
         with _blocked(self.stop_signals):
             batches = super().__iter__()  # starts the workers (once, when persistent)
         _tolerate_stopped_workers(self.stop_signals)
+        if self.stop_signals and batches not in _LIVE:
+            _LIVE.add(batches)
+            self.__dict__.setdefault("_own", weakref.WeakSet()).add(batches)
+            if not _EXIT_HOOK:  # registered after multiprocessing's: runs before it
+                atexit.register(close_workers)
+                _EXIT_HOOK.append(True)
         return batches
+
+    def close(self) -> None:
+        """Stop this loader's workers now (the persistent ones too)."""
+        close_workers(list(self.__dict__.get("_own", ())))
+        self._iterator = None
 
 
 # --- the loader ---------------------------------------------------------------------------------

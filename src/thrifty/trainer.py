@@ -780,6 +780,11 @@ class Trainer:
             raise
         finally:
             monitor.close()
+            # The workers ignore SIGTERM (the main process handles it), so they are stopped
+            # here rather than left to the interpreter's exit.
+            close = getattr(self.train_loader, "close", None)
+            if close is not None:
+                close()
         result = FitResult(
             steps=self.state.step,
             samples=self.state.samples,
