@@ -213,6 +213,7 @@ def test_a_run_that_cannot_reach_its_target_is_stopped_by_the_forecast(tmp_path)
         early_stopping={"target": 0.05},
         cost={"usd_per_gpu_hour": 3.0},
         checkpoint={"every": "off"},
+        optimizer={"lr": 1e-3},  # still falling steadily when the forecast decides
     )
     # The noise floor (0.3² = 0.09) is far above the target: the curve flattens out short of it.
     train, val = regression(3200, noise=0.3), regression(256, seed=1, noise=0.3)

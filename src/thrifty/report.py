@@ -152,6 +152,12 @@ def show_result(result: Any, diagnosis: Any) -> None:
     print_summary(result)
     if diagnosis is not None:
         print_diagnosis(diagnosis, result)
+    guard = getattr(result, "guard", None) or {}
+    if result.stop_reason == "diverged":
+        print(
+            f"thrifty: the run diverged: {guard.get('diverged')}; its newest checkpoint is the "
+            "last good state (exit code 1)"
+        )
     status = getattr(result, "checkpoint", None)
     if status and status.get("location") and not status.get("uploaded"):
         print(f"thrifty: warning: {local_only_message(status)}")

@@ -837,9 +837,17 @@ class Trainer:
         end = self._end_step()
         if not g.enabled or target is None or end is None or self.state.step >= end:
             return None
+        # The curve's early part (warm-up, the first quarter of the steps so far) is a transient
+        # no saturating power law describes: the fit starts after it.
+        start = max(self.config.schedule.warmup_steps, self.state.step // 4)
+        points = [
+            (t, v)
+            for t, v in zip(self.state.val_steps, self.state.val_losses, strict=True)
+            if t > start
+        ]
         decision = cannot_reach(
-            self.state.val_steps,
-            self.state.val_losses,
+            [t for t, _ in points],
+            [v for _, v in points],
             target,
             end,
             min_evals=g.forecast_min_evals,
@@ -855,12 +863,7 @@ class Trainer:
             }
         if not decision:
             return None
-        log.warning(
-            "forecast: the validation loss will be %s, short of the target %.4g: stopping (%s)",
-            decision.forecast.describe() if decision.forecast else "?",
-            target,
-            decision.reason,
-        )
+        log.warning("forecast: %s: stopping", decision.reason)
         return "forecast"
 
     def _end_step(self) -> int | None:

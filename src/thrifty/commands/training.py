@@ -172,4 +172,6 @@ def _train(config: Any) -> int:
     finally:
         if trainer is not None:
             trainer.dist.close()
+    if result.stop_reason == "diverged":
+        return 1  # failed: restarting would diverge again; the last good checkpoint is kept
     return EXIT_PREEMPTED if result.stop_reason == "preempted" else 0
