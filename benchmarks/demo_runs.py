@@ -3,6 +3,7 @@ returning the per-step times it recorded."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -37,6 +38,8 @@ def demo_step_times(data: Any, steps: int, out: str, seed: int, **sections: Any)
     }
     torch.manual_seed(seed)
     model = build_model(**DEMO_CONFIG["task"]["model_args"])
+    if not logging.getLogger().handlers:  # quiet runs: fit() prints its summary otherwise
+        logging.basicConfig(level=logging.WARNING, format="thrifty: %(message)s")
     Trainer(model, data, TrainConfig.from_dict(config)).fit()
     times = [r["step_seconds"] for r in read_metrics(f"{out}/metrics.jsonl") if "step_seconds" in r]
     return times[1:]

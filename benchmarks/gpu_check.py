@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import tempfile
 import time
@@ -128,6 +129,7 @@ def main() -> int:
         "--tf32", action="store_true", help="let fp32 matmuls use TF32 (off: true fp32)"
     )
     args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="thrifty: %(message)s")  # quiet runs
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device here; run it on a machine with a GPU", file=sys.stderr)
         return 2

@@ -311,6 +311,7 @@ class RunGuard:
         self.last_finite: tuple[int, float] | None = None  # (step, loss)
         self.forecast: dict[str, Any] | None = None  # the latest forecast, for the summary
         self.stopped: str | None = None  # why the run stopped as diverged
+        self.observed_step = 0  # steps up to here are counted: a step seen twice counts once
 
     @property
     def suspect(self) -> bool:
@@ -323,6 +324,9 @@ class RunGuard:
             return verdict
         for record in records:
             step, loss = record["step"], record["loss"]
+            if step <= self.observed_step:
+                continue
+            self.observed_step = step
             # A non-finite loss (averaged over the ranks, so every rank agrees) is a skipped
             # step too: under fp16 the loss scaler is what left it out.
             if record.get("skipped") or not math.isfinite(loss):
@@ -364,6 +368,7 @@ class RunGuard:
             "spikes": self.spikes.state_dict(),
             "rollbacks": [dict(r) for r in self.rollbacks],
             "last_finite": list(self.last_finite) if self.last_finite else None,
+            "observed_step": self.observed_step,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -372,3 +377,4 @@ class RunGuard:
         self.rollbacks = [dict(r) for r in state["rollbacks"]]
         last = state.get("last_finite")
         self.last_finite = (int(last[0]), float(last[1])) if last else None
+        self.observed_step = int(state.get("observed_step", 0))

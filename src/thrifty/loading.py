@@ -321,24 +321,47 @@ class UntilStop(Generic[T]):
 # Iterators whose workers ignore the stop signals. multiprocessing's exit hook stops daemon
 # children with SIGTERM and then waits for them: a worker that ignores SIGTERM would make the
 # interpreter wait forever, so these are shut down (or killed) first.
+# The worker processes are held strongly: an iterator collected while a worker would not stop
+# (torch's shutdown then sends the SIGTERM it ignores) must not leave it behind.
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+_WORKERS: list[Any] = []
 _EXIT_HOOK: list[bool] = []
+
+
+def _kill(workers: list[Any]) -> None:
+    for worker in workers:
+        with contextlib.suppress(Exception):
+            if worker.is_alive():
+                worker.kill()
+                worker.join(timeout=5)
 
 
 def close_workers(iterators: Any = None) -> None:
     """Shut down the workers of live loader iterators (all of them by default): the graceful
-    way first, then SIGKILL for a worker still alive (it ignores SIGTERM by design)."""
+    way first, then SIGKILL for a worker still alive (it ignores SIGTERM by design). With no
+    argument (at the interpreter's exit), every worker ever started is checked."""
     for batches in list(_LIVE if iterators is None else iterators):
         workers = list(getattr(batches, "_workers", []))
         shutdown = getattr(batches, "_shutdown_workers", None)
         if shutdown is not None:
             with contextlib.suppress(Exception):
                 shutdown()
-        for worker in workers:
-            if worker.is_alive():
-                worker.kill()
-                worker.join(timeout=5)
+        _kill(workers)
         _LIVE.discard(batches)
+    if iterators is None:
+        _kill(_WORKERS)
+
+
+def _track(batches: Any) -> None:
+    """Remember an iterator's workers: killed if still alive once it is collected (after
+    torch's own shutdown) or at the interpreter's exit."""
+    workers = list(getattr(batches, "_workers", []))
+    _WORKERS[:] = [w for w in _WORKERS if w.is_alive()] + workers
+    _LIVE.add(batches)
+    weakref.finalize(batches, _kill, workers)
+    if not _EXIT_HOOK:  # registered after multiprocessing's: runs before it
+        atexit.register(close_workers)
+        _EXIT_HOOK.append(True)
 
 
 class _Loader(DataLoader):
@@ -354,11 +377,8 @@ class _Loader(DataLoader):
             batches = super().__iter__()  # starts the workers (once, when persistent)
         _tolerate_stopped_workers(self.stop_signals)
         if self.stop_signals and batches not in _LIVE:
-            _LIVE.add(batches)
+            _track(batches)
             self.__dict__.setdefault("_own", weakref.WeakSet()).add(batches)
-            if not _EXIT_HOOK:  # registered after multiprocessing's: runs before it
-                atexit.register(close_workers)
-                _EXIT_HOOK.append(True)
         return batches
 
     def close(self) -> None:

@@ -228,6 +228,7 @@ class Trainer:
         micro = self.config.batch.micro
         check_model(model)
         check_dataset(train_data, "train_data", micro, "batch.micro")
+        require_validation(self.config.early_stopping.target, val_data is not None)
         if val_data is not None:
             eval_micro = self.config.eval.micro
             check_dataset(
@@ -269,7 +270,6 @@ class Trainer:
         self.diagnosis: Any = None  # set by fit(): what limited the steps, what to change
         self._fitted = False
         self.run_guard = RunGuard(self.config.guard)
-        require_validation(self.config.early_stopping.target, val_data is not None)
         self.checkpoint_status: dict[str, Any] | None = None  # the newest save, once fit() ends
         # Who drives this Trainer: messages name CLI flags ("cli") or Python arguments ("api").
         self.interface = "api"
@@ -678,7 +678,8 @@ class Trainer:
         # evaluation the preemption put off comes first, as it would have.
         finished = budget.exceeded(self.state.step, self.state.tokens, self.state.seconds)
         if self.state.eval_pending:
-            finished = finished or self._evaluate_and_record()
+            stop = self._evaluate_and_record()  # always evaluated: `or` would skip it
+            finished = finished or stop
         stop_reason = finished or stop_reason
         seconds_before = self.state.seconds
         started = time.perf_counter()
@@ -729,7 +730,8 @@ class Trainer:
                     elif eval_due:
                         monitor.pause()  # evaluation is not training: left out of the interval
                         eval_start = time.perf_counter()
-                        reason = reason or self._evaluate_and_record()
+                        stop = self._evaluate_and_record()  # always evaluated
+                        reason = reason or stop
                         monitor.resume()
                         step_start += (
                             time.perf_counter() - eval_start
@@ -737,7 +739,7 @@ class Trainer:
                     if preempted or (due and reason is None):
                         # The guard sees every step before a save: none is written while a
                         # loss spike builds, or from a run that diverged.
-                        reason = self._flush(monitor, guard) or reason
+                        reason = self._flush(monitor, guard, self._current(loss, skipped)) or reason
                         if preempted or not (self.run_guard.suspect or reason == "diverged"):
                             save_start = time.perf_counter()
                             self._checkpoint(guard, emergency=preempted)
@@ -884,11 +886,24 @@ class Trainer:
     # ------------------------------------------------------------------------------------
     # The guard: skipped steps, loss spikes rolled back
 
-    def _flush(self, monitor: RunMonitor, guard: SpotGuard) -> str | None:
-        """Write the buffered steps and let the run guard judge them: the schedule is set back
-        for skipped steps, a confirmed loss spike rolled back. Returns "diverged" or None."""
+    def _current(self, loss: torch.Tensor, skipped: torch.Tensor | None) -> dict[str, Any]:
+        """This step's record for the guard before a save, so the checkpoint holds a guard that
+        has seen every step up to it (one read of the loss: at a save only). The loss is the
+        mean over the ranks, as at a flush, so that every rank decides alike."""
+        mean = loss.detach().float().clone()
+        if self.dist.enabled:
+            self.dist.mean_(mean)
+        flag = bool(skipped) if skipped is not None else None
+        return {"step": self.state.step, "loss": float(mean), "skipped": flag}
+
+    def _flush(
+        self, monitor: RunMonitor, guard: SpotGuard, current: dict[str, Any] | None = None
+    ) -> str | None:
+        """Write the buffered steps and let the run guard judge them (and `current`, this
+        step's record when a save follows): the schedule is set back for skipped steps, a
+        confirmed loss spike rolled back. Returns "diverged" or None."""
         records = monitor.flush(self.state.seconds, self.state.samples, self.state.tokens)
-        verdict = self.run_guard.observe(records)
+        verdict = self.run_guard.observe(records + ([current] if current else []))
         rewind_schedule(self.scheduler, verdict.skipped)
         if verdict.diverged is not None:
             return self._diverged(verdict.diverged)
