@@ -616,3 +616,14 @@ def _without_none(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_without_none(v) for v in value]
     return value
+
+
+def flatten_keys(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as dotted keys: {"run": {"seed": 0}} -> {"run.seed": 0}."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten_keys(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -22,7 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from thrifty.config import HISTORY_TABLE, RunConfig, TrainConfig, dump_toml, parse_duration
+from thrifty.config import (
+    HISTORY_TABLE,
+    RunConfig,
+    TrainConfig,
+    dump_toml,
+    flatten_keys,
+    parse_duration,
+)
 from thrifty.errors import ConfigError
 
 Kind = Literal["safe", "optimization"]
@@ -121,20 +128,10 @@ def _show(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, Mapping) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def _defaults() -> dict[str, Any]:
     """Every key's default (unset ones absent): a key one config lacks compares as its default,
     so a checkpoint written before a setting existed does not read as changed."""
-    return _flatten(TrainConfig(run=RunConfig(max_steps=1)).to_dict(secrets=False))
+    return flatten_keys(TrainConfig(run=RunConfig(max_steps=1)).to_dict(secrets=False))
 
 
 def diff_configs(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[Change]:
@@ -142,7 +139,7 @@ def diff_configs(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[C
     `TrainConfig.to_dict(secrets=False)` (a checkpoint stores that), so redaction matches."""
     defaults = _defaults()
     defaults.pop("run.max_steps")  # a budget, not a default
-    old_flat, new_flat = _flatten(saved), _flatten(current)
+    old_flat, new_flat = flatten_keys(saved), flatten_keys(current)
     changes = []
     for key in sorted(set(old_flat) | set(new_flat)):
         if key in IGNORED:

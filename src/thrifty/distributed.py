@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from thrifty.config import DistributedConfig
+from thrifty.config import DistributedConfig, flatten_keys
 from thrifty.errors import ConfigError, ThriftyError
 
 log = logging.getLogger("thrifty")
@@ -245,7 +245,7 @@ def check_same_config(d: Distributed, config: Mapping[str, Any]) -> None:
     """Raise the same ConfigError on every rank when the ranks were given different configs."""
     if not d.enabled:
         return
-    configs = d.all_gather(_flatten(config))
+    configs = d.all_gather(flatten_keys(config))
     reference = configs[0]
     for rank, other in enumerate(configs[1:], start=1):
         for key in sorted(set(reference) | set(other)):
@@ -255,13 +255,3 @@ def check_same_config(d: Distributed, config: Mapping[str, Any]) -> None:
                     f"{other.get(key)!r} there and {reference.get(key)!r} on rank 0; start every "
                     "rank with the same config file and --set options"
                 )
-
-
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, Mapping) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat

@@ -13,8 +13,8 @@ from thrifty.batches import loss_weights
 from thrifty.checkpoint.errors import CorruptCheckpointError, UnsafeCheckpointError
 from thrifty.checkpoint.manifest import Manifest
 from thrifty.checkpoint.sharded import merge_tensors, read_metadata_safely, split_tensors
-from thrifty.config import DistributedConfig, TrainConfig
-from thrifty.distributed import Distributed, _flatten, init_distributed
+from thrifty.config import DistributedConfig, TrainConfig, flatten_keys
+from thrifty.distributed import Distributed, init_distributed
 from thrifty.errors import ConfigError
 from thrifty.launch import _exit_code, strip_nprocs
 from thrifty.loading import EpochSampler
@@ -131,7 +131,7 @@ def test_the_global_batch_must_divide_by_the_world_size():
 
 
 def test_config_differences_are_found_by_dotted_key():
-    flat = _flatten({"batch": {"micro": 8}, "task": {"model_args": {}}})
+    flat = flatten_keys({"batch": {"micro": 8}, "task": {"model_args": {}}})
     assert flat == {"batch.micro": 8, "task.model_args": {}}
 
 
