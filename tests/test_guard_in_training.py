@@ -254,3 +254,18 @@ def test_bad_guard_settings_exit_2_with_one_line(capsys, tmp_path, setting, mess
     job.write_text('[run]\nmax_steps = 1\n[task]\nmodel = "m:f"\ntrain_data = "m:d"\n')
     code, _, err = run_cli(capsys, "train", str(job), "--set", setting)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_weights_that_overflowed_are_never_checkpointed(tmp_path, caplog):
+    # Finite gradients (targets of 1e18) times lr = 1e21 overflow the weights to inf at the
+    # first update: that state must never reach disk.
+    data = torch.utils.data.TensorDataset(torch.ones(64, FEATURES), torch.full((64, 1), 1e18))
+    out = tmp_path / "inf"
+    cfg = config(out, 6, optimizer={"grad_clip": 0.0}, checkpoint={"every": 1})
+    with caplog.at_level("ERROR", logger="thrifty"):
+        result = Trainer(
+            Linear(), data, cfg, optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=1e21)
+        ).fit()
+    assert "not checkpointing step 1: the weights or optimizer state are not finite" in caplog.text
+    assert not list((out / "checkpoints").glob("step-*")), "no checkpoint of inf weights"
+    assert result.guard["skipped_steps"] == 5  # every step after the first

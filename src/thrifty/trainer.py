@@ -1333,8 +1333,13 @@ class Trainer:
             if isinstance(v, torch.Tensor) and v.is_floating_point()
         ]
         local = [getattr(t, "to_local", lambda t=t: t)() for t in tensors]  # FSDP: the shard
-        flags = [torch.isfinite(t).all() for t in local if t.numel()]
-        return bool(torch.stack(flags).all()) if flags else True
+        local = [t for t in local if t.numel()]
+        if not local:
+            return True
+        # The largest magnitude of each tensor, in one multi-tensor pass: NaN or inf exactly
+        # when the tensor holds one (a 2-norm could overflow on large finite values).
+        peaks = torch._foreach_norm(local, ord=float("inf"))
+        return bool(torch.isfinite(torch.stack([p.float() for p in peaks])).all())
 
     def _log_event(self, **fields: Any) -> None:
         if self.metrics is not None:  # rank 0's
