@@ -17,10 +17,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples
+	$(PY) -m mypy
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m mypy
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py

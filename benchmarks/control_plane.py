@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 
 def worker(rank: int, world: int, port: int, steps: int, out: dict) -> None:
-    from thrifty.distributed import Distributed
+    from thrifty.strategies.process_group import Distributed
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)

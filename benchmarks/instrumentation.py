@@ -35,8 +35,8 @@ def direct_cost(accumulation: int = 2, repeats: int = 20_000) -> tuple[float, fl
     """Seconds of instrumentation work per step (the timer's marks, on the training thread) and
     per second of training (the system sampler's samples, on its own thread): a noise-free
     upper bound beside the A/B ratio."""
-    from thrifty.instrument import CpuTimer
     from thrifty.measure.system import SystemSampler
+    from thrifty.measure.timing import CpuTimer
 
     timer = CpuTimer()
     start = time.perf_counter()

@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from thrifty.demo import train_dataset
-from thrifty.loading import (
+from thrifty.levers.data_loading import (
     EpochSampler,
     LoaderSettings,
     build_loader,

@@ -83,11 +83,13 @@ class VirtualClock:
 
 def time_trainer_with(monkeypatch, clock: VirtualClock) -> None:
     """Make every Trainer in the test time its phases and intervals on `clock`."""
-    from thrifty import trainer
-    from thrifty.instrument import CpuTimer
+    from thrifty.measure import instruments
+    from thrifty.measure.timing import CpuTimer
 
     monkeypatch.setattr(
-        trainer, "make_timer", lambda *args, **kwargs: CpuTimer(clock, clock.cpu_time, threads=1)
+        instruments,
+        "make_timer",
+        lambda *args, **kwargs: CpuTimer(clock, clock.cpu_time, threads=1),
     )
 
 
@@ -131,7 +133,8 @@ def wire_monitor(monkeypatch) -> list:
     """Drive every Trainer's monitor sync to sync, as the Trainer's loop is meant to: start it
     before training, pause it for each evaluation. Returns the monitors made."""
     from thrifty import trainer
-    from thrifty.monitor import RunMonitor
+    from thrifty.measure import instruments
+    from thrifty.measure.monitor import RunMonitor
 
     monitors: list[RunMonitor] = []
 
@@ -152,7 +155,7 @@ def wire_monitor(monkeypatch) -> list:
             if monitors:
                 monitors[-1].resume()
 
-    monkeypatch.setattr(trainer, "RunMonitor", Started)
+    monkeypatch.setattr(instruments, "RunMonitor", Started)
     monkeypatch.setattr(trainer.Trainer, "evaluate", paused_evaluate)
     return monitors
 

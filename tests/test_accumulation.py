@@ -7,8 +7,8 @@ import torch
 
 from helpers import RecordingSGD, TokenDataset, tiny_gpt
 from thrifty import Trainer
-from thrifty.batches import loss_weights
 from thrifty.config import TrainConfig
+from thrifty.levers.accumulation import loss_weights
 
 
 def accumulated_gradient(tmp_path, model, data, normalize: str = "auto") -> list[torch.Tensor]:

@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from helpers import tiny_gpt
-from thrifty.activation_checkpointing import (
+from thrifty.demo import DEMO_CONFIG, build_model
+from thrifty.levers.activation_checkpointing import (
     apply_activation_checkpointing,
     find_repeated_blocks,
     parse_policy,
     remove_activation_checkpointing,
 )
-from thrifty.demo import DEMO_CONFIG, build_model
 
 
 def saved_bytes(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:

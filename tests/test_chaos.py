@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from thrifty.cli import main
-from thrifty.commands.chaos import Attempt, _print_report, compare_states, plan_kills
+from thrifty.commands.chaos import Attempt, compare_states, plan_kills, print_report
 from thrifty.errors import ThriftyError
-from thrifty.rundir import read_metrics
+from thrifty.run.directory import read_metrics
 
 EVERY = 5
 
@@ -124,7 +124,7 @@ def test_two_kills_resume_to_the_same_bits(capsys, project):
     # The metrics of the steps run twice were replaced: one record per step, as in the reference.
     assert sorted(r["step"] for r in chaos_metrics if "loss" in r) == list(range(1, 41))
     # The table people read (what the command prints without --json).
-    _print_report(report)
+    print_report(report)
     table = capsys.readouterr().out
     assert "thrifty chaos: 2 of 2 kills" in table
     assert "loss at every step: identical (40 steps)" in table

@@ -12,7 +12,9 @@ import torch
 from helpers import TokenDataset, tiny_gpt
 from thrifty import Trainer
 from thrifty.config import TrainConfig, load_config
-from thrifty.config_changes import (
+from thrifty.errors import ConfigError
+from thrifty.levers.schedule import build_scheduler, lr_multiplier
+from thrifty.run.config_changes import (
     KINDS,
     OPTIMIZATION,
     SAFE,
@@ -29,9 +31,7 @@ from thrifty.config_changes import (
     resume_horizon,
     write_run_config,
 )
-from thrifty.errors import ConfigError
-from thrifty.rundir import read_metrics
-from thrifty.schedule import build_scheduler, lr_multiplier
+from thrifty.run.directory import read_metrics
 
 
 def saved(**sections) -> dict:

@@ -17,7 +17,7 @@ import torch
 
 from helpers import AugmentedTokens, TokenDataset, stop_group_after, tiny_gpt
 from thrifty.errors import ConfigError
-from thrifty.loading import (
+from thrifty.levers.data_loading import (
     EpochSampler,
     IgnoreStopSignals,
     LoaderSettings,
@@ -25,8 +25,8 @@ from thrifty.loading import (
     _blocked,
     build_loader,
 )
-from thrifty.preemption import EXIT_PREEMPTED
-from thrifty.rundir import read_metrics
+from thrifty.run.directory import read_metrics
+from thrifty.run.preemption import EXIT_PREEMPTED
 
 TESTS = Path(__file__).parent
 
@@ -170,7 +170,7 @@ class DiesOf(torch.utils.data.Dataset):
 
 
 def test_a_worker_killed_by_the_stop_signal_ends_the_loop_cleanly_while_stopping(caplog):
-    caplog.set_level(logging.WARNING, logger="thrifty.loading")
+    caplog.set_level(logging.WARNING, logger="thrifty.levers.data_loading")
     batches = UntilStop(iter(loader(DiesOf(signal.SIGTERM))), stopping=lambda: True)
     fetched = [b.tolist() for b in batches]  # neither the SIGCHLD handler nor the loader raises
     # The batches before the lost one, in order (the dead worker may not have sent its last).
@@ -243,7 +243,7 @@ LIVE_WORKERS_AT_EXIT = """
 import sys
 sys.path.insert(0, {tests!r})
 from helpers import TokenDataset
-from thrifty.loading import EpochSampler, LoaderSettings, build_loader
+from thrifty.levers.data_loading import EpochSampler, LoaderSettings, build_loader
 
 loader = build_loader(TokenDataset(n=64), EpochSampler(64, shuffle=False), LoaderSettings(4, 2))
 batches = iter(loader)

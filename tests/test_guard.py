@@ -12,7 +12,7 @@ import torch
 
 from thrifty.config import _build, dump_toml
 from thrifty.errors import ConfigError
-from thrifty.guard import GuardConfig, NonFiniteCounter, SpikeDetector, check_target
+from thrifty.run.guard import GuardConfig, NonFiniteCounter, SpikeDetector, check_target
 
 
 def noisy_losses(n: int, seed: int = 0, start: float = 4.0, noise: float = 0.05) -> list[float]:

@@ -5,7 +5,7 @@ import torch
 
 from helpers import BurnDataset
 from thrifty.errors import ConfigError
-from thrifty.loading import (
+from thrifty.levers.data_loading import (
     EpochSampler,
     LoaderSettings,
     build_loader,

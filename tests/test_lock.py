@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 
-import thrifty.lock as lock
+import thrifty.run.lock as lock
 from thrifty.checkpoint.storage import open_storage
 from thrifty.errors import ThriftyError
-from thrifty.lock import LEASE_FILE, LOCK_FILE, Holder, RunInUseError, RunLock
+from thrifty.run.lock import LEASE_FILE, LOCK_FILE, Holder, RunInUseError, RunLock
 
 HOST = socket.gethostname()
 
 # A child process that takes the lock, says "held", and keeps it until killed.
 HOLD = """
 import json, os, sys, time
-import thrifty.lock as lock
+import thrifty.run.lock as lock
 args = json.loads(sys.argv[1])
 if args.get("no_flock"):  # as on a network file system without flock
     lock._LocalLock._flock = lambda self: False
@@ -133,7 +133,7 @@ def test_a_second_process_is_refused_naming_the_holder_then_takes_over_after_sig
     assert message.startswith(f"run directory {run} is in use by pid {first.pid} on host {HOST}")
     assert message.endswith(": wait for it to end, or use another --out")
     first.kill()
-    with caplog.at_level(logging.WARNING, logger="thrifty.lock"), RunLock(run):
+    with caplog.at_level(logging.WARNING, logger="thrifty.run.lock"), RunLock(run):
         holder = Holder.parse((run / LOCK_FILE).read_bytes())
         assert holder is not None and holder.pid == os.getpid()
     assert f"took over the lock on run directory {run} from pid {first.pid}" in caplog.text
@@ -194,7 +194,7 @@ def test_without_flock_a_live_holder_is_refused_and_a_killed_one_is_taken_over(
     first = holding(run_dir=str(tmp_path), no_flock=True)
     assert f"in use by pid {first.pid} on host {HOST}" in refusal(tmp_path)
     first.kill()
-    with caplog.at_level(logging.WARNING, logger="thrifty.lock"), RunLock(tmp_path):
+    with caplog.at_level(logging.WARNING, logger="thrifty.run.lock"), RunLock(tmp_path):
         assert Holder.parse((tmp_path / LOCK_FILE).read_bytes()).pid == os.getpid()
     assert f"took over the stale lock on run directory {tmp_path} from pid {first.pid}" in (
         caplog.text
@@ -235,7 +235,10 @@ def test_without_flock_another_hosts_lock_is_refused_until_untouched_for_a_ttl(
     message = refusal(tmp_path, ttl_seconds=60.0)
     assert "in use by pid 4242 on host gpu-box-7" in message
     write_lock(tmp_path, age_seconds=70.0, host="gpu-box-7", pid=4242)
-    with caplog.at_level(logging.WARNING, logger="thrifty.lock"), RunLock(tmp_path, ttl_seconds=60):
+    with (
+        caplog.at_level(logging.WARNING, logger="thrifty.run.lock"),
+        RunLock(tmp_path, ttl_seconds=60),
+    ):
         pass
     assert "took over the stale lock" in caplog.text and "pid 4242 on host gpu-box-7" in caplog.text
 
@@ -257,7 +260,7 @@ def test_without_flock_a_lock_taken_over_meanwhile_is_reported_lost_and_left_alo
     held = RunLock(tmp_path, ttl_seconds=0.6).acquire()
     try:
         write_lock(tmp_path, host="gpu-box-7", pid=4242, token="someone-else")
-        with caplog.at_level(logging.ERROR, logger="thrifty.lock"):
+        with caplog.at_level(logging.ERROR, logger="thrifty.run.lock"):
             assert wait_until(lambda: held.lost is not None, timeout=10)
         assert held.lost == (
             f"lost the lock on run directory {tmp_path}: it is now held by pid 4242 on host "
@@ -309,7 +312,7 @@ def test_an_expired_lease_is_taken_over_with_a_warning(tmp_path, memory_location
     )
     open_storage(memory_location).write_bytes(LEASE_FILE, dead.to_bytes())
     with (
-        caplog.at_level(logging.WARNING, logger="thrifty.lock"),
+        caplog.at_level(logging.WARNING, logger="thrifty.run.lock"),
         RunLock(tmp_path, memory_location, settle_seconds=0.05),
     ):
         assert lease_of(memory_location).pid == os.getpid()
@@ -357,7 +360,7 @@ def test_a_lease_taken_over_meanwhile_is_reported_lost_and_not_deleted(
             expires=time.time() + 600,
         )
         open_storage(memory_location).write_bytes(LEASE_FILE, rival.to_bytes())
-        with caplog.at_level(logging.ERROR, logger="thrifty.lock"):
+        with caplog.at_level(logging.ERROR, logger="thrifty.run.lock"):
             assert wait_until(lambda: held.lost is not None, timeout=10)
         assert "lost the lease on checkpoint location" in held.lost
         assert "two runs may now write there" in caplog.text
@@ -430,7 +433,7 @@ def test_an_s3_lease_of_a_killed_run_blocks_until_it_expires_then_is_taken_over(
     expires = lease_of(url, s3_options).expires
     refusal(tmp_path / "b", checkpoint_location=url, storage_options=s3_options)
     taker = RunLock(tmp_path / "b", url, s3_options, settle_seconds=0.05)
-    with caplog.at_level(logging.WARNING, logger="thrifty.lock"):
+    with caplog.at_level(logging.WARNING, logger="thrifty.run.lock"):
         assert wait_until(lambda: try_acquire(taker), timeout=15)
     try:
         assert time.time() > expires

@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import thrifty.precision as precision
+import thrifty.levers.precision as precision
 from helpers import RecordingSGD
 from thrifty import Trainer
 from thrifty.config import TrainConfig
-from thrifty.precision import NoScaler, resolve_precision
+from thrifty.levers.precision import NoScaler, resolve_precision
 
 
 class Classifier(nn.Module):

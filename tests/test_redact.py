@@ -17,7 +17,7 @@ from thrifty.redact import (
     redact_text,
     redact_value,
 )
-from thrifty.rundir import MetricsLog, read_metrics, write_json
+from thrifty.run.directory import MetricsLog, read_metrics, write_json
 
 AWS_KEY_ID = "AKIAIOSFODNN7EXAMPLE"
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"

@@ -16,7 +16,7 @@ from helpers import TokenDataset, tiny_gpt
 from thrifty import Trainer
 from thrifty.config import TrainConfig
 from thrifty.errors import ThriftyError
-from thrifty.rundir import read_metrics
+from thrifty.run.directory import read_metrics
 
 
 class SigtermAt(nn.Module):
@@ -314,7 +314,7 @@ def test_sigterm_to_thrifty_train_saves_and_exits_75_then_the_same_command_resum
 
 def test_auto_interval_is_dalys_for_the_measured_stall():
     from thrifty.plan.spot import daly_interval
-    from thrifty.spot import auto_interval
+    from thrifty.run.saves import auto_interval
 
     tau, text = auto_interval(stall_seconds=2.0, save_seconds=5.0, interruption_rate=0.5)
     assert tau == pytest.approx(daly_interval(2.0, 7200.0))  # MTBI of 0.5/h = 2 h
@@ -326,7 +326,7 @@ def test_auto_interval_is_dalys_for_the_measured_stall():
 
 def test_thrifty_spot_provider_pins_what_auto_means(monkeypatch):
     from thrifty.errors import ConfigError
-    from thrifty.preemption import make_poller
+    from thrifty.run.preemption import make_poller
 
     monkeypatch.setenv("THRIFTY_SPOT_PROVIDER", "gcp")
     assert make_poller("auto", "http://127.0.0.1:9").name == "gcp"

@@ -14,7 +14,9 @@ import pytest
 
 from thrifty import cli
 from thrifty.commands import scale
+from thrifty.commands.children import first_error_line
 from thrifty.errors import ConfigError, ThriftyError
+from thrifty.measure.bandwidth import bus_gbs, measure_bus_bandwidth
 from thrifty.plan.scaling import scaling
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,12 +143,6 @@ def test_prediction_is_the_planners_for_the_same_setup(config, tmp_path, capsys)
     assert report["bus_source"] == "--bus-gbs"
 
 
-def test_overlap_applies_on_cuda_only_past_ddps_first_bucket():
-    assert not scale.overlap_applies("cpu", 1e9)[0]
-    assert not scale.overlap_applies("cuda", 2**20)[0]  # one bucket, reduced after backward
-    assert scale.overlap_applies("cuda", 100 * 2**20)[0]
-
-
 def test_report_table_shows_every_count_and_one_conclusion(config, tmp_path, capsys):
     runner = fake_runner({1: 100.0, 2: 180.0}, {1: 0.08, 2: 0.0445})
     args = parse(str(config), "--nprocs", "1,2", "--out", str(tmp_path / "o"), "--bus-gbs", "2")
@@ -157,23 +153,6 @@ def test_report_table_shows_every_count_and_one_conclusion(config, tmp_path, cap
     assert rows[1][5:8] == ["180", "1.80x", "90%"]  # samples/s, speedup, efficiency
     assert "OMP_NUM_THREADS" in out and "bus bandwidth: --bus-gbs" in out
     assert out.strip().splitlines()[-1].startswith("2 processes give 1.80x the samples/s of 1")
-
-
-def test_conclusion_says_whether_more_processes_pay_and_why_they_differ():
-    base = {"processes": 1, "speedup": 1.0, "efficiency": 1.0, "predicted_efficiency": 1.0}
-    top = {"processes": 2, "speedup": 0.8, "efficiency": 0.4, "predicted_efficiency": 0.95}
-    rows = [{**base, "omp_num_threads": 2}, {**top, "omp_num_threads": 1}]
-
-    def line() -> str:
-        return scale.conclusion(rows, overlap=False, unit="samples/s")
-
-    assert "slower" in line() and "keep 1" in line()
-    rows[1].update(speedup=1.9, efficiency=0.95)
-    assert line().endswith("as predicted")
-    rows[1].update(speedup=1.4, efficiency=0.7)
-    assert "25 points lower" in line()
-    rows[1].update(speedup=3.0, efficiency=1.5)
-    assert "less of 2 threads than 2 processes of 1 each" in line()
 
 
 def test_a_run_that_did_not_use_nprocs_processes_is_refused(config, tmp_path):
@@ -239,7 +218,7 @@ def test_every_child_runs_the_same_global_batch(tmp_path, monkeypatch):
 
 def test_each_count_gets_its_share_of_the_cpus(config, tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(scale, "available_cpus", lambda: 8)
+    monkeypatch.setattr("thrifty.levers.data_loading.available_cpus", lambda: 8)
     args = parse(str(config), "--nprocs", "1,2,8", "--out", str(tmp_path / "o"))
     args.overrides = ["batch.effective=32"]
     plan = scale.make_plan(args)
@@ -283,9 +262,7 @@ def test_the_first_error_of_several_ranks_is_the_one_shown(tmp_path):
         "[rank1]: AttributeError: 'NoneType' object has no attribute 'write'\n"
         "thrifty: error: rank 0 lost contact with another rank\n"
     )
-    assert (
-        scale.first_error_line(log) == "AttributeError: 'NoneType' object has no attribute 'write'"
-    )
+    assert first_error_line(log) == "AttributeError: 'NoneType' object has no attribute 'write'"
 
 
 # --------------------------------------------------------------------------------------------
@@ -364,13 +341,13 @@ def test_registering_the_command_does_not_import_torch():
 
 
 def test_bus_bandwidth_of_two_gloo_processes_is_measured():
-    gbs = scale.measure_bus_bandwidth(2, 2**20, "gloo", timeout=60)
+    gbs = measure_bus_bandwidth(2, 2**20, "gloo", timeout=60)
     assert math.isfinite(gbs) and gbs > 0
 
 
 def test_bus_bandwidth_is_the_nccl_tests_bus_figure():
     # 1 GB in 1 s over 4 ranks: each link carries 2 × 3/4 of it.
-    assert scale.bus_gbs(1e9, 1.0, 4) == pytest.approx(1.5)
+    assert bus_gbs(1e9, 1.0, 4) == pytest.approx(1.5)
 
 
 def test_scale_runs_one_and_two_processes_end_to_end(tmp_path):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from thrifty.schedule import build_scheduler, lr_multiplier, scaled_lr
+from thrifty.levers.schedule import build_scheduler, lr_multiplier, scaled_lr
 
 
 def test_linear_scaling_rule_scales_lr_with_the_effective_batch():

@@ -18,11 +18,11 @@ from helpers import Costed, VirtualClock, time_trainer_with, wire_monitor
 from thrifty import Trainer
 from thrifty import trainer as trainer_module
 from thrifty.config import TrainConfig
-from thrifty.instrument import CudaTimer, NullTimer, make_timer, measure_flops
+from thrifty.measure.monitor import RunMonitor
 from thrifty.measure.peak import Peak
-from thrifty.monitor import RunMonitor
-from thrifty.progress import ProgressBar
-from thrifty.rundir import MetricsLog, read_metrics
+from thrifty.measure.progress import ProgressBar
+from thrifty.measure.timing import CudaTimer, NullTimer, make_timer, measure_flops
+from thrifty.run.directory import MetricsLog, read_metrics
 
 LAUNCH = 0.001  # host seconds to queue one phase's kernels
 WORK = {"data_wait": 0.002, "forward": 0.030, "backward": 0.060, "optimizer": 0.010}

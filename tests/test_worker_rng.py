@@ -12,7 +12,7 @@ import torch
 from helpers import AugmentedTokens, tiny_gpt
 from test_resume import SigtermAt, config
 from thrifty import Trainer
-from thrifty.loading import (
+from thrifty.levers.data_loading import (
     EpochSampler,
     LoaderSettings,
     SeededSamples,

@@ -5,8 +5,7 @@ Importing thrifty is cheap: the training pieces (and torch) load on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from thrifty.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -26,33 +25,22 @@ _EXPORTS = {
     "EvalConfig": "thrifty.config",
     "EarlyStoppingConfig": "thrifty.config",
     "TaskConfig": "thrifty.config",
-    "apply_activation_checkpointing": "thrifty.activation_checkpointing",
-    "find_repeated_blocks": "thrifty.activation_checkpointing",
-    "resolve_precision": "thrifty.precision",
-    "loss_weights": "thrifty.batches",
-    "scaled_lr": "thrifty.schedule",
-    "lr_multiplier": "thrifty.schedule",
-    "build_scheduler": "thrifty.schedule",
-    "choose_num_workers": "thrifty.loading",
-    "build_loader": "thrifty.loading",
-    "EpochSampler": "thrifty.loading",
-    "LoaderSettings": "thrifty.loading",
-    "EarlyStopping": "thrifty.early_stopping",
+    "apply_activation_checkpointing": "thrifty.levers.activation_checkpointing",
+    "find_repeated_blocks": "thrifty.levers.activation_checkpointing",
+    "resolve_precision": "thrifty.levers.precision",
+    "loss_weights": "thrifty.levers.accumulation",
+    "scaled_lr": "thrifty.levers.schedule",
+    "lr_multiplier": "thrifty.levers.schedule",
+    "build_scheduler": "thrifty.levers.schedule",
+    "choose_num_workers": "thrifty.levers.data_loading",
+    "build_loader": "thrifty.levers.data_loading",
+    "EpochSampler": "thrifty.levers.data_loading",
+    "LoaderSettings": "thrifty.levers.data_loading",
+    "EarlyStopping": "thrifty.levers.early_stopping",
     "ThriftyError": "thrifty.errors",
     "ConfigError": "thrifty.errors",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'thrifty' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

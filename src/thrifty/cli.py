@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from thrifty.commands.common import EXIT_USAGE
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.redact import redact_text
 
@@ -21,10 +22,10 @@ COMMAND_MODULES = (
     "thrifty.commands.profile",
     "thrifty.commands.chaos",
     "thrifty.commands.scale",
-    "thrifty.plan.cli",
+    "thrifty.commands.prices",
+    "thrifty.commands.plan",
 )
 
-EXIT_USAGE = 2
 RANK0_GRACE_SECONDS = 5.0
 
 

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import math
 import re
+import sys
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -19,8 +20,13 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 
 from thrifty.errors import ConfigError
-from thrifty.guard import GuardConfig, check_target
 from thrifty.measure.cost import CostConfig
+from thrifty.run.guard import GuardConfig, check_target
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 
 def _fail(section: str, key: str, value: object, allowed: str) -> typing.NoReturn:
@@ -80,7 +86,7 @@ class RunConfig:
     log_every: int = 10  # steps between metric flushes (one host sync each)
     progress: Literal["auto", "on", "off"] = "auto"
     # On a resume, apply changes to the optimization (learning rate, schedule, optimizer, seed,
-    # precision, batch, task) instead of refusing them; see thrifty.config_changes.
+    # precision, batch, task) instead of refusing them; see thrifty.run.config_changes.
     allow_config_change: bool = False
 
     def __post_init__(self) -> None:
@@ -123,7 +129,7 @@ class ActivationCheckpointingConfig:
     policy: str | list[str] = "off"
 
     def __post_init__(self) -> None:
-        from thrifty.activation_checkpointing import parse_policy
+        from thrifty.levers.activation_checkpointing import parse_policy
 
         try:
             parse_policy(self.policy)
@@ -330,7 +336,7 @@ class SpotConfig:
 
     def __post_init__(self) -> None:
         _positive(self.SECTION, "poll_seconds", self.poll_seconds)
-        from thrifty.preemption import parse_signals
+        from thrifty.run.preemption import parse_signals
 
         parse_signals(self.signals, f"{self.SECTION}.signals")
 
@@ -505,7 +511,7 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
     kwargs = {}
     for name, value in data.items():
         tp = hints[name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             kwargs[name] = _build(tp, value, f"{name}.")
             continue
         if isinstance(value, int) and not isinstance(value, bool) and tp is float:
@@ -522,23 +528,20 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
 # TOML files and overrides
 
 
-# config.toml's array of tables recording what changed on each resume (thrifty.config_changes);
+# config.toml's array of tables recording what changed on each resume (thrifty.run.config_changes);
 # load_config skips it, so a run's config.toml starts that run again as it is now.
 HISTORY_TABLE = "config_changes"
 
 
-def _toml_loads(text: str) -> dict[str, Any]:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
+def toml_loads(text: str) -> dict[str, Any]:
+    """Parse TOML text; malformed text raises ValueError (tomllib.TOMLDecodeError)."""
     return tomllib.loads(text)
 
 
 def parse_override_value(text: str) -> Any:
     """A TOML value when the text parses as one (`8`, `1e-3`, `true`, `[1, 2]`), else the string."""
     try:
-        return _toml_loads(f"v = {text}")["v"]
+        return toml_loads(f"v = {text}")["v"]
     except Exception:
         return text
 
@@ -588,7 +591,7 @@ def load_config(
         except OSError as exc:
             raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
         try:
-            loaded = _toml_loads(text)
+            loaded = toml_loads(text)
         except Exception as exc:
             raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
         loaded.pop(HISTORY_TABLE, None)  # a record of earlier resumes, not settings

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
 
 class ThriftyError(Exception):
     """A user-facing error: the command line prints its message and exits with code 2."""
@@ -15,7 +17,7 @@ class MissingDependencyError(ThriftyError, ImportError):
     """An optional package is needed: the message quotes the exact pip install."""
 
 
-def require(module: str, extra: str) -> object:
+def require(module: str, extra: str) -> ModuleType:
     """Import an optional dependency or raise an error quoting the install command."""
     import importlib
 

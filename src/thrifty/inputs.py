@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from thrifty.config import TrainConfig
 from thrifty.errors import ThriftyError
 
 
@@ -44,3 +45,17 @@ def check_dataset(data: Any, where: str, micro_batch: int, micro_key: str) -> in
             f"{micro_batch}): set {micro_key} to {length} or less, or give more data"
         )
     return length
+
+
+def check_inputs(model: Any, train_data: Any, val_data: Any, config: TrainConfig) -> None:
+    """Everything a Trainer is handed, checked in the order a person would fix it."""
+    from thrifty.run.forecast import require_validation
+
+    micro = config.batch.micro
+    check_model(model)
+    check_dataset(train_data, "train_data", micro, "batch.micro")
+    require_validation(config.early_stopping.target, val_data is not None)
+    if val_data is not None:
+        eval_micro = config.eval.micro
+        name = "eval.micro" if eval_micro else "batch.micro"
+        check_dataset(val_data, "val_data", eval_micro or micro, name)

@@ -146,8 +146,8 @@ def console_for_api(logger_name: str = "thrifty") -> Iterator[bool]:
 
 def show_result(result: Any, diagnosis: Any) -> None:
     """What a person sees when a run ends: the summary, the diagnosis, and how to resume."""
-    from thrifty.preemption import EXIT_PREEMPTED
-    from thrifty.spot import local_only_message
+    from thrifty.run.preemption import EXIT_PREEMPTED
+    from thrifty.run.saves import local_only_message
 
     print_summary(result)
     if diagnosis is not None:

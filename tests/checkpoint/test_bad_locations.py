@@ -12,7 +12,7 @@ import pytest
 from checkpoint.s3_server import BUCKET, options
 from thrifty.checkpoint import CheckpointError, CheckpointManager
 from thrifty.config import CheckpointConfig, SpotConfig
-from thrifty.spot import SpotGuard
+from thrifty.run.saves import SpotGuard
 
 MiB = 1 << 20
 

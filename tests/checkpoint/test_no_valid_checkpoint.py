@@ -12,7 +12,7 @@ import pytest
 
 from thrifty.checkpoint import CheckpointManager, NoValidCheckpointError
 from thrifty.config import CheckpointConfig, SpotConfig
-from thrifty.spot import SpotGuard
+from thrifty.run.saves import SpotGuard
 
 
 def fingerprint(folder: Path) -> dict[str, str]:

@@ -17,7 +17,7 @@ from checkpoint.s3_server import BUCKET, options
 from thrifty.checkpoint import CheckpointManager
 from thrifty.checkpoint.storage import FsspecStorage
 from thrifty.config import CheckpointConfig, SpotConfig
-from thrifty.spot import SpotGuard
+from thrifty.run.saves import SpotGuard
 
 pytest.importorskip("s3fs")
 

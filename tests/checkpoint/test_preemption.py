@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-import thrifty.preemption as preemption
+import thrifty.run.preemption as preemption
 from thrifty.errors import ConfigError
-from thrifty.preemption import (
+from thrifty.run.preemption import (
     EXIT_PREEMPTED,
     AwsPoller,
     AzurePoller,

@@ -110,7 +110,7 @@ def test_open_storage_picks_os_for_paths_and_fsspec_for_urls(tmp_path):
 
 def test_importing_thrifty_checkpoint_does_not_import_fsspec():
     code = (
-        "import sys, thrifty.checkpoint, thrifty.preemption; "
+        "import sys, thrifty.checkpoint, thrifty.run.preemption; "
         "print(sorted(m for m in ('fsspec', 's3fs', 'botocore') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

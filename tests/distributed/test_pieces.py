@@ -9,15 +9,15 @@ import pickle
 import pytest
 import torch
 
-from thrifty.batches import loss_weights
 from thrifty.checkpoint.errors import CorruptCheckpointError, UnsafeCheckpointError
 from thrifty.checkpoint.manifest import Manifest
 from thrifty.checkpoint.sharded import merge_tensors, read_metadata_safely, split_tensors
+from thrifty.commands.launch import _exit_code, strip_nprocs
 from thrifty.config import DistributedConfig, TrainConfig, flatten_keys
-from thrifty.distributed import Distributed, init_distributed
 from thrifty.errors import ConfigError
-from thrifty.launch import _exit_code, strip_nprocs
-from thrifty.loading import EpochSampler
+from thrifty.levers.accumulation import loss_weights
+from thrifty.levers.data_loading import EpochSampler
+from thrifty.strategies.process_group import Distributed, init_distributed
 
 
 def test_split_keeps_tensors_for_shards_and_plain_values_for_state_pt():

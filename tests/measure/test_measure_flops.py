@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from thrifty.activation_checkpointing import apply_activation_checkpointing
 from thrifty.demo.model import GPT, GPTConfig
+from thrifty.levers.activation_checkpointing import apply_activation_checkpointing
 from thrifty.measure.flops import FlopCount, count_flops, mfu, transformer_flops_per_token
 
 

@@ -8,7 +8,7 @@ import sys
 
 def test_importing_thrifty_plan_loads_neither_torch_nor_rich_nor_matplotlib() -> None:
     code = (
-        "import sys, thrifty.plan, thrifty.plan.cli; "
+        "import sys, thrifty.plan, thrifty.commands.plan, thrifty.commands.prices; "
         "from thrifty.plan import estimate, chinchilla, memory, scaling, checkpoint_interval; "
         "from thrifty.plan import load_catalog; "
         "print(sorted(m for m in ('torch', 'rich', 'matplotlib') if m in sys.modules))"

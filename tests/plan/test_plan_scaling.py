@@ -6,6 +6,7 @@ import pytest
 
 from thrifty.errors import ConfigError
 from thrifty.plan import allreduce_seconds, scaling
+from thrifty.plan.scaling import overlap_applies, scaling_conclusion
 from thrifty.plan.units import parse_bandwidth, parse_count
 
 
@@ -84,3 +85,26 @@ def test_a_bandwidth_without_a_unit_is_refused(text: str) -> None:
 )
 def test_counts_accept_suffixes(text: str, value: float) -> None:
     assert parse_count(text) == pytest.approx(value)
+
+
+def test_overlap_applies_on_cuda_only_past_ddps_first_bucket() -> None:
+    assert not overlap_applies("cpu", 1e9)[0]
+    assert not overlap_applies("cuda", 2**20)[0]  # one bucket, reduced after backward
+    assert overlap_applies("cuda", 100 * 2**20)[0]
+
+
+def test_conclusion_says_whether_more_processes_pay_and_why_they_differ() -> None:
+    base = {"processes": 1, "speedup": 1.0, "efficiency": 1.0, "predicted_efficiency": 1.0}
+    top = {"processes": 2, "speedup": 0.8, "efficiency": 0.4, "predicted_efficiency": 0.95}
+    rows = [{**base, "omp_num_threads": 2}, {**top, "omp_num_threads": 1}]
+
+    def line() -> str:
+        return scaling_conclusion(rows, overlap=False, unit="samples/s")
+
+    assert "slower" in line() and "keep 1" in line()
+    rows[1].update(speedup=1.9, efficiency=0.95)
+    assert line().endswith("as predicted")
+    rows[1].update(speedup=1.4, efficiency=0.7)
+    assert "25 points lower" in line()
+    rows[1].update(speedup=3.0, efficiency=1.5)
+    assert "less of 2 threads than 2 processes of 1 each" in line()

@@ -1,46 +1,56 @@
 """Spot-safe checkpoints: asynchronous save, atomic publish, verified resume, retention.
 
-Importing this package does not import fsspec or any cloud SDK; they load when a URL is used.
+Importing this package is cheap: torch loads with the pieces that save and load tensors, and
+fsspec or a cloud SDK only when a URL is used, so reading a manifest needs neither.
 """
 
-from thrifty.checkpoint.errors import (
-    CheckpointError,
-    CorruptCheckpointError,
-    NoValidCheckpointError,
-    TransientStorageError,
-    UnsafeCheckpointError,
-)
-from thrifty.checkpoint.loading import load_checkpoint
-from thrifty.checkpoint.manager import CheckpointInfo, CheckpointManager
-from thrifty.checkpoint.manifest import Manifest, step_dir
-from thrifty.checkpoint.retention import checkpoints_to_keep
-from thrifty.checkpoint.retry import RetryPolicy
-from thrifty.checkpoint.snapshot import copy_to_host
-from thrifty.checkpoint.storage import (
-    FsspecStorage,
-    LocalStorage,
-    Storage,
-    open_storage,
-    redact,
-)
+from __future__ import annotations
 
-__all__ = [
-    "CheckpointError",
-    "CheckpointInfo",
-    "CheckpointManager",
-    "CorruptCheckpointError",
-    "FsspecStorage",
-    "LocalStorage",
-    "Manifest",
-    "NoValidCheckpointError",
-    "RetryPolicy",
-    "Storage",
-    "TransientStorageError",
-    "UnsafeCheckpointError",
-    "checkpoints_to_keep",
-    "copy_to_host",
-    "load_checkpoint",
-    "open_storage",
-    "redact",
-    "step_dir",
-]
+from typing import TYPE_CHECKING
+
+from thrifty.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the real names for type checkers; at run time __getattr__ loads them
+    from thrifty.checkpoint.errors import CheckpointError as CheckpointError
+    from thrifty.checkpoint.errors import CorruptCheckpointError as CorruptCheckpointError
+    from thrifty.checkpoint.errors import NoValidCheckpointError as NoValidCheckpointError
+    from thrifty.checkpoint.errors import TransientStorageError as TransientStorageError
+    from thrifty.checkpoint.errors import UnsafeCheckpointError as UnsafeCheckpointError
+    from thrifty.checkpoint.loading import load_checkpoint as load_checkpoint
+    from thrifty.checkpoint.manager import CheckpointInfo as CheckpointInfo
+    from thrifty.checkpoint.manager import CheckpointManager as CheckpointManager
+    from thrifty.checkpoint.manifest import Manifest as Manifest
+    from thrifty.checkpoint.manifest import step_dir as step_dir
+    from thrifty.checkpoint.retention import checkpoints_to_keep as checkpoints_to_keep
+    from thrifty.checkpoint.retry import RetryPolicy as RetryPolicy
+    from thrifty.checkpoint.snapshot import copy_to_host as copy_to_host
+    from thrifty.checkpoint.storage import FsspecStorage as FsspecStorage
+    from thrifty.checkpoint.storage import LocalStorage as LocalStorage
+    from thrifty.checkpoint.storage import Storage as Storage
+    from thrifty.checkpoint.storage import open_storage as open_storage
+    from thrifty.checkpoint.storage import redact as redact
+
+_EXPORTS = {
+    "CheckpointError": "thrifty.checkpoint.errors",
+    "CorruptCheckpointError": "thrifty.checkpoint.errors",
+    "NoValidCheckpointError": "thrifty.checkpoint.errors",
+    "TransientStorageError": "thrifty.checkpoint.errors",
+    "UnsafeCheckpointError": "thrifty.checkpoint.errors",
+    "load_checkpoint": "thrifty.checkpoint.loading",
+    "CheckpointInfo": "thrifty.checkpoint.manager",
+    "CheckpointManager": "thrifty.checkpoint.manager",
+    "Manifest": "thrifty.checkpoint.manifest",
+    "step_dir": "thrifty.checkpoint.manifest",
+    "checkpoints_to_keep": "thrifty.checkpoint.retention",
+    "RetryPolicy": "thrifty.checkpoint.retry",
+    "copy_to_host": "thrifty.checkpoint.snapshot",
+    "FsspecStorage": "thrifty.checkpoint.storage",
+    "LocalStorage": "thrifty.checkpoint.storage",
+    "Storage": "thrifty.checkpoint.storage",
+    "open_storage": "thrifty.checkpoint.storage",
+    "redact": "thrifty.checkpoint.storage",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

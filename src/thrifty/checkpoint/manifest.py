@@ -128,11 +128,6 @@ def sha256_file(path: str) -> str:
     return digest.hexdigest()
 
 
-def describe_file(path: str) -> FileEntry:
-    """Size and sha256 of a local file, as a manifest entry named after its base name."""
-    return FileEntry(os.path.basename(path), os.path.getsize(path), sha256_file(path))
-
-
 def check_file(path: str, entry: FileEntry, *, where: str) -> None:
     """Raise CorruptCheckpointError naming `where` unless `path` matches `entry`."""
     try:

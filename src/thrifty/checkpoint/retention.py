@@ -4,6 +4,7 @@ deleting the others safely."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from thrifty.checkpoint.manifest import MANIFEST, step_dir
@@ -51,9 +52,9 @@ def purge(
     for step in sorted(published):
         if step not in keep and step < newest:
             name = step_dir(step)
-            call(lambda name=name: storage.delete(f"{name}/{MANIFEST}"), "purge")
+            call(partial(storage.delete, f"{name}/{MANIFEST}"), "purge")
             del published[step]
-            call(lambda name=name: storage.delete(name), "purge")
+            call(partial(storage.delete, name), "purge")
     # Folders without a manifest below the newest step are leftovers of a killed save.
     for name in [step_dir(step) for step in orphans if step < newest]:
-        call(lambda name=name: storage.delete(name), "purge")
+        call(partial(storage.delete, name), "purge")

@@ -118,9 +118,10 @@ class SafeReader(FileSystemReader):
         rank = kwargs.get("rank")
         name = _METADATA if rank is None else f"__{rank}{_METADATA}"
         metadata = read_metadata_safely(os.path.join(str(self.path), name))
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage_meta = getattr(metadata, "storage_meta", None)
+        if storage_meta is None:
+            storage_meta = metadata.storage_meta = StorageMeta()
+        storage_meta.load_id = self.load_id
         return metadata
 
 

@@ -14,7 +14,7 @@ import os
 import posixpath
 import re
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from thrifty.checkpoint.errors import CheckpointError, TransientStorageError
@@ -151,17 +151,16 @@ def fsync_file(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write `data` to a temporary name, fsync, rename over `path`, fsync the folder.
+@contextlib.contextmanager
+def _replacing(path: str) -> Iterator[str]:
+    """A temporary name beside `path` to write and fsync; then it is renamed over `path` and
+    the folder fsynced, so `path` is never seen half written.
 
     A failed write (a full disk) removes its temporary file: it would hold the space it lacked.
     """
     tmp = f"{path}.tmp"
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -170,17 +169,19 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
     fsync_dir(os.path.dirname(path))
 
 
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write `data` to `path` atomically (see `_replacing`)."""
+    with _replacing(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def atomic_copy(src: str, dst: str) -> None:
-    tmp = f"{dst}.tmp"
-    try:
+    """Copy the local file `src` to `dst` atomically (see `_replacing`)."""
+    with _replacing(dst) as tmp:
         shutil.copyfile(src, tmp)
         fsync_file(tmp)
-        os.replace(tmp, dst)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-    fsync_dir(os.path.dirname(dst))
 
 
 def local_error(
@@ -254,20 +255,19 @@ class LocalStorage:
             return f.read()
 
     def write_bytes(self, rel: str, data: bytes) -> None:
-        path = self.path(rel)
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            atomic_write_bytes(path, data)
-        except OSError as exc:
-            raise local_error(exc, "write a checkpoint file", path) from exc
+        self._put(rel, "write a checkpoint file", lambda path: atomic_write_bytes(path, data))
 
     def upload(self, local_path: str, rel: str) -> None:
+        self._put(rel, "copy a checkpoint file", lambda path: atomic_copy(local_path, path))
+
+    def _put(self, rel: str, action: str, write: Callable[[str], None]) -> None:
+        """Create `rel`'s folder, then `write(path)`; an OSError becomes one line naming `action`."""
         path = self.path(rel)
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            atomic_copy(local_path, path)
+            write(path)
         except OSError as exc:
-            raise local_error(exc, "copy a checkpoint file", path) from exc
+            raise local_error(exc, action, path) from exc
 
     def download(self, rel: str, local_path: str) -> None:
         shutil.copyfile(self.path(rel), local_path)
@@ -365,18 +365,19 @@ class FsspecStorage:
                 raise FileNotFoundError(self._where(rel)) from exc
 
     def write_bytes(self, rel: str, data: bytes) -> None:
-        path = self._path(rel)
         with self._errors("write", rel):
-            if self._needs_dirs:
-                self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-            self.fs.pipe_file(path, data)
+            self.fs.pipe_file(self._writable_path(rel), data)
 
     def upload(self, local_path: str, rel: str) -> None:
-        path = self._path(rel)
         with self._errors("upload", rel):
-            if self._needs_dirs:
-                self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
-            self.fs.put_file(local_path, path)
+            self.fs.put_file(local_path, self._writable_path(rel))
+
+    def _writable_path(self, rel: str) -> str:
+        """`rel`'s full path, its folder created first where the file system needs one."""
+        path = self._path(rel)
+        if self._needs_dirs:
+            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        return path
 
     def download(self, rel: str, local_path: str) -> None:
         with self._errors("download", rel):

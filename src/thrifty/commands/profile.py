@@ -39,8 +39,9 @@ def run_profile(args: argparse.Namespace) -> int:
     from thrifty.demo import DEMO_CONFIG
     from thrifty.errors import ThriftyError
     from thrifty.report import print_diagnosis
+    from thrifty.run.rng import seed_everything
     from thrifty.task import build_task
-    from thrifty.trainer import Trainer, _seed_everything
+    from thrifty.trainer import Trainer
 
     if args.steps < 1:
         raise ThriftyError(
@@ -67,7 +68,7 @@ def run_profile(args: argparse.Namespace) -> int:
             overrides.append(("measure.peak_tflops", args.peak_tflops))
         base = None if args.config else DEMO_CONFIG
         config = load_config(args.config, overrides, base=base)
-        _seed_everything(config.run.seed)
+        seed_everything(config.run.seed)
         task = build_task(config)
         # No validation: a profile measures training steps only.
         trainer = Trainer(

@@ -10,7 +10,7 @@ Efficiency against the smallest count N0: throughput_N / (N / N0 × throughput_N
 prediction is `thrifty.plan.scaling.scaling` for N processes on one node, with the compute of
 one step taken from the N0 run split N ways, fp32 gradients, and the all-reduce bus bandwidth
 either given (--bus-gbs) or measured here by N processes all-reducing a buffer the size of the
-model's gradients (`measure_bus_bandwidth`).
+model's gradients (`thrifty.measure.bandwidth.measure_bus_bandwidth`).
 """
 
 from __future__ import annotations
@@ -19,28 +19,26 @@ import argparse
 import json
 import math
 import os
-import re
-import shutil
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from thrifty.commands import children
+from thrifty.commands.common import dash, prepare_out, refuse_file, say
+from thrifty.commands.launch import threads_per_process
 from thrifty.commands.training import add_set_option
 from thrifty.errors import ConfigError, ThriftyError
-from thrifty.launch import threads_per_process
+from thrifty.measure.bandwidth import MAX_BUS_BYTES, measure_bus_bandwidth
+from thrifty.plan.scaling import (
+    DDP_GRAD_BYTES_PER_PARAM,
+    efficiency_against_baseline,
+    overlap_applies,
+    scaling_conclusion,
+)
 
 DEFAULT_STEPS = 20
-GRAD_BYTES_PER_PARAM = 4  # DDP all-reduces fp32 gradients (parameters stay fp32 under autocast)
-MAX_BUS_BYTES = 128 * 2**20  # bandwidth is flat long before this; bounds time and memory
-BUS_TIMEOUT = 120.0  # seconds for one bandwidth measurement, process start-up included
-DDP_FIRST_BUCKET = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
-CLOSE = 0.10  # measured within 10 points of the prediction counts as "as predicted"
 # What a run's summary.json must hold for the comparison.
 SUMMARY_KEYS = ("tokens_per_second", "samples_per_second", "step_seconds", "parameters")
 
@@ -131,12 +129,6 @@ def global_batch(micro: int, effective: int | None, counts: Sequence[int]) -> in
     return effective
 
 
-def available_cpus() -> int:
-    from thrifty.loading import available_cpus as cpus  # imports torch: only when a scale runs
-
-    return cpus()
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScalePlan:
     """What to run. `overrides` are the user's --set items, passed through unchanged."""
@@ -196,35 +188,10 @@ class ScalePlan:
         return env
 
 
-def _launch(command: Sequence[str], env: Mapping[str, str], log: Path) -> int:
-    with open(log, "w") as f:
-        return subprocess.run(
-            list(command), stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env
-        ).returncode
-
-
-_RANK_PREFIX = re.compile(r"^\[[\w-]+\]:\s*")  # "[rank1]: ", "[default0]: "
-_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*")
-
-
-def first_error_line(log: Path) -> str:
-    """The first error in a log: a `thrifty: error:` line or the last line of a traceback.
-    With several processes the first is the cause; the others are ranks losing their peer."""
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return "(no output)"
-    lines = [_RANK_PREFIX.sub("", line).strip() for line in text.splitlines()]
-    for line in lines:
-        if line.startswith("thrifty: error:") or _EXCEPTION.fullmatch(line):
-            return line.removeprefix("thrifty: error: ")
-    return next((line for line in reversed(lines) if line), "(no output)")
-
-
 class ChildRunner:
     """Runs one count as `python -m thrifty train` and returns its summary.json."""
 
-    def __init__(self, plan: ScalePlan, launch: Launch = _launch) -> None:
+    def __init__(self, plan: ScalePlan, launch: Launch = children.launch) -> None:
         self.plan = plan
         self.launch = launch
 
@@ -237,7 +204,7 @@ class ChildRunner:
         if code != 0:
             raise ThriftyError(
                 f"the run with {processes} process{'es' if processes > 1 else ''} failed "
-                f"(exit {code}): {first_error_line(log)} (log: {log})"
+                f"(exit {code}): {children.first_error_line(log)} (log: {log})"
             )
         try:
             summary = json.loads((run_dir / "summary.json").read_text())
@@ -250,137 +217,7 @@ class ChildRunner:
 
 
 # --------------------------------------------------------------------------------------------
-# Bus bandwidth, measured the nccl-tests way
-
-
-def bus_gbs(nbytes: float, seconds: float, processes: int) -> float:
-    """nccl-tests bus bandwidth of one all-reduce, GB/s per direction:
-    bytes / seconds × 2(n-1)/n, what a ring moves over each link."""
-    return nbytes / seconds * 2 * (processes - 1) / processes / 1e9
-
-
-def measure_bus_bandwidth(
-    processes: int, nbytes: int, backend: str = "gloo", timeout: float = BUS_TIMEOUT
-) -> float:
-    """All-reduce bus bandwidth of `processes` local processes in GB/s per direction, for a
-    float32 buffer of `nbytes` bytes (capped at 128 MiB): the slowest rank's time, median of 3
-    rounds of back-to-back all-reduces after a warm-up. gloo uses CPU tensors, nccl one GPU
-    per process. Small buffers measure latency as much as bandwidth, as the real step does."""
-    if processes < 2:
-        raise ValueError("a bus bandwidth needs at least 2 processes")
-    nbytes = max(4, min(int(nbytes), MAX_BUS_BYTES))
-    iters = max(2, min(50, (32 * 2**20) // nbytes))
-    code = "from thrifty.commands.scale import bus_worker; bus_worker()"
-    env = dict(os.environ)
-    if backend == "gloo" and "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(threads_per_process(processes, available_cpus()))
-    what = f"measuring the all-reduce bandwidth of {processes} {backend} processes"
-    with tempfile.TemporaryDirectory(prefix="thrifty-bus-") as tmp:
-        argv = [sys.executable, "-c", code, "RANK", str(processes), f"{tmp}/store", str(nbytes)]
-        argv += [str(iters), backend]
-        logs = [Path(tmp) / f"rank-{rank}.log" for rank in range(processes)]
-        procs: list[subprocess.Popen[bytes]] = []
-        killed = set()
-        try:
-            for rank, log in enumerate(logs):
-                argv[3] = str(rank)
-                with open(log, "w") as f:
-                    procs.append(subprocess.Popen(argv, stdout=f, stderr=f, env=env))
-            deadline = time.monotonic() + timeout
-            # One rank that fails leaves the others waiting for it: stop at the first failure.
-            while any(p.poll() is None for p in procs) and not any(p.returncode for p in procs):
-                if time.monotonic() > deadline:
-                    raise ThriftyError(f"{what} took over {timeout:g} s: give --bus-gbs instead")
-                time.sleep(0.05)
-        finally:
-            for rank, proc in enumerate(procs):
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-                    killed.add(rank)
-        outputs = [log.read_text(errors="replace") for log in logs]
-    for rank in sorted(range(processes), key=lambda r: r in killed):  # a real failure first
-        proc, output = procs[rank], outputs[rank]
-        if proc.returncode:
-            tail = next((ln for ln in reversed(output.splitlines()) if ln.strip()), "(no output)")
-            raise ThriftyError(
-                f"{what} failed (exit {proc.returncode}): {tail.strip()}; give --bus-gbs instead"
-            )
-    result = [ln for ln in outputs[0].splitlines() if ln.startswith('{"seconds"')]
-    return bus_gbs(nbytes, json.loads(result[-1])["seconds"], processes)
-
-
-def bus_worker() -> None:
-    """One rank of `measure_bus_bandwidth` (argv: rank world store bytes iters backend)."""
-    rank, world, store, nbytes, iters, backend = sys.argv[1:7]
-    import torch
-    import torch.distributed as dist
-
-    cuda = backend == "nccl"
-    if cuda:
-        torch.cuda.set_device(int(rank))
-    dist.init_process_group(
-        backend, init_method=f"file://{store}", rank=int(rank), world_size=int(world)
-    )
-    device = torch.device("cuda", int(rank)) if cuda else torch.device("cpu")
-    buffer = torch.zeros(int(nbytes) // 4, dtype=torch.float32, device=device)
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
-    dist.all_reduce(buffer)  # warm-up: connections, buffers
-    rounds = []
-    for _ in range(3):
-        dist.barrier()
-        sync()
-        start = time.perf_counter()
-        for _ in range(int(iters)):
-            dist.all_reduce(buffer)
-        sync()
-        rounds.append((time.perf_counter() - start) / int(iters))
-    # The collective takes as long as its slowest rank.
-    slowest = torch.tensor(rounds, dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    if rank == "0":
-        print(json.dumps({"seconds": statistics.median(slowest.tolist())}), flush=True)
-    dist.destroy_process_group()
-
-
-# --------------------------------------------------------------------------------------------
 # The comparison
-
-
-def overlap_applies(device: str, gradient_bytes: float) -> tuple[bool, str]:
-    """Whether the planner's 'with overlap' efficiency describes this setup, and why."""
-    if device != "cuda":
-        return False, "gloo on CPU reduces on the cores that run backward, so little is hidden"
-    if gradient_bytes <= DDP_FIRST_BUCKET:
-        return False, "the gradients fit DDP's first 1 MiB bucket, reduced only once backward ends"
-    return True, "DDP all-reduces gradient buckets on its own CUDA stream while backward runs"
-
-
-def predict(
-    params: float, processes: int, one_process_seconds: float, bus_gbs: float | None
-) -> dict[str, float]:
-    """The planner's efficiency for `processes` on one node: each computes 1/N of the step one
-    process takes (`one_process_seconds`), then all-reduces fp32 gradients at `bus_gbs`."""
-    from thrifty.plan.scaling import scaling
-
-    if processes == 1:
-        return {"no_overlap": 1.0, "overlap": 1.0, "allreduce_seconds": 0.0}
-    s = scaling(
-        params,
-        gpus_per_node=processes,
-        compute_seconds=one_process_seconds / processes,
-        intra_node_gbs=bus_gbs or 0.0,
-        grad_bytes_per_param=GRAD_BYTES_PER_PARAM,
-    )
-    return {
-        "no_overlap": s.efficiency_no_overlap,
-        "overlap": s.efficiency_overlap,
-        "allreduce_seconds": s.allreduce_seconds,
-    }
 
 
 def compare(
@@ -393,16 +230,12 @@ def compare(
     key, unit = _throughput(base)
     params = base["parameters"]
     one_process = base["step_seconds"] * base_n  # the whole global batch on one process
-    overlap, why = overlap_applies(plan.device, params * GRAD_BYTES_PER_PARAM)
-    base_pred = predict(params, base_n, one_process, bus.get(base_n))
+    overlap, why = overlap_applies(plan.device, params * DDP_GRAD_BYTES_PER_PARAM)
+    throughput = {n: summaries[n][key] for n in plan.counts}
+    model = efficiency_against_baseline(params, throughput, one_process, bus, overlap)
     rows = []
     for n in plan.counts:
         s = summaries[n]
-        speedup = s[key] / base[key]
-        pred = predict(params, n, one_process, bus.get(n))
-        # Relative to the baseline, as the measured efficiency is.
-        no_overlap = pred["no_overlap"] / base_pred["no_overlap"]
-        with_overlap = pred["overlap"] / base_pred["overlap"]
         rows.append(
             {
                 "processes": n,
@@ -414,13 +247,7 @@ def compare(
                 "step_seconds": s["step_seconds"],
                 "breakdown": s.get("breakdown"),  # mean seconds per step, by phase
                 "throughput": s[key],
-                "speedup": speedup,
-                "efficiency": speedup / (n / base_n),
-                "bus_gbs": bus.get(n),
-                "predicted_allreduce_seconds": pred["allreduce_seconds"],
-                "predicted_efficiency_no_overlap": no_overlap,
-                "predicted_efficiency_overlap": with_overlap,
-                "predicted_efficiency": with_overlap if overlap else no_overlap,
+                **model[n],
             }
         )
     return {
@@ -437,13 +264,13 @@ def compare(
         "cpus": plan.cpus,
         "omp_from_environment": plan.user_omp is not None and plan.device == "cpu",
         "parameters": params,
-        "gradient_bytes": params * GRAD_BYTES_PER_PARAM,
+        "gradient_bytes": params * DDP_GRAD_BYTES_PER_PARAM,
         "unit": unit,
         "baseline_processes": base_n,
         "prediction_applies": "overlap" if overlap else "no_overlap",
         "prediction_applies_because": why,
         "counts": rows,
-        "conclusion": conclusion(rows, overlap, unit),
+        "conclusion": scaling_conclusion(rows, overlap, unit),
     }
 
 
@@ -452,37 +279,6 @@ def _throughput(summary: Mapping[str, Any]) -> tuple[str, str]:
     if summary["tokens_per_second"]:
         return "tokens_per_second", "tokens/s"
     return "samples_per_second", "samples/s"
-
-
-def conclusion(rows: Sequence[Mapping[str, Any]], overlap: bool, unit: str) -> str:
-    """One line on the largest count: does adding processes pay, and as the planner said?"""
-    base, top = rows[0], rows[-1]
-    if len(rows) == 1:
-        return f"only {base['processes']} process(es) measured: give two or more counts to compare"
-    n, n0 = top["processes"], base["processes"]
-    measured, predicted = top["efficiency"], top["predicted_efficiency"]
-    head = (
-        f"{n} processes give {top['speedup']:.2f}x the {unit} of {n0} ({measured:.0%} "
-        f"efficient); the planner predicted {predicted:.0%} ({'with' if overlap else 'no'} overlap)"
-    )
-    gap = round((measured - predicted) * 100)
-    if top["speedup"] < 1:
-        return f"{head}: more processes are slower here, keep {n0}"
-    if abs(gap) <= CLOSE * 100:
-        return f"{head}: as predicted"
-    if gap < 0:
-        return (
-            f"{head}: {-gap} points lower, so the step has costs the all-reduce model leaves out "
-            "(work every process repeats, ranks waiting for each other, cores shared by compute "
-            "and communication)"
-        )
-    threads0, threads = base["omp_num_threads"], top["omp_num_threads"]
-    if threads0 is not None and threads0 != threads:
-        return (
-            f"{head}: {gap} points higher, so one process made less of {threads0} threads than "
-            f"{n} processes of {threads} each (OMP_NUM_THREADS=1 compares at equal threads)"
-        )
-    return f"{head}: {gap} points higher, so more of the all-reduce was hidden than modelled"
 
 
 # --------------------------------------------------------------------------------------------
@@ -494,25 +290,29 @@ def run_scale(
 ) -> int:
     """The handler. `runner` and `bus_meter` replace the child runs and the bandwidth
     measurement (tests)."""
+    from thrifty.plan.report import to_json
+    from thrifty.run.directory import write_json
+
     plan = make_plan(args)
     _prepare_out(plan, args.overwrite)
     runner = runner or ChildRunner(plan)
     crowded = [n for n in plan.counts if plan.device == "cpu" and n > plan.cpus]
     if crowded:
-        _say(f"{crowded[0]} processes on {plan.cpus} CPUs: they share cores, expect it slower")
+        say(
+            "scale",
+            f"{crowded[0]} processes on {plan.cpus} CPUs: they share cores, expect it slower",
+        )
     summaries = {}
     for n in plan.counts:
-        _say(f"{n} process{'es' if n > 1 else ''} -> {plan.run_dir(n)}")
+        say("scale", f"{n} process{'es' if n > 1 else ''} -> {plan.run_dir(n)}")
         summaries[n] = _checked(runner(n), n, plan)
         s = summaries[n]
         rate, unit = _throughput(s)
-        _say(f"{n}: {s[rate]:,.1f} {unit}, {s['step_seconds'] * 1e3:,.1f} ms per step")
+        say("scale", f"{n}: {s[rate]:,.1f} {unit}, {s['step_seconds'] * 1e3:,.1f} ms per step")
     bus, source = _bus(plan, args.bus_gbs, summaries[plan.counts[0]]["parameters"], bus_meter)
     report = compare(plan, summaries, bus)
     report["bus_source"] = source
-    from thrifty.plan.report import to_json
-
-    (plan.out / "scale.json").write_text(to_json(report) + "\n")
+    write_json(plan.out / "scale.json", report)
     if args.json:
         print(to_json(report))
     else:
@@ -523,6 +323,7 @@ def run_scale(
 def make_plan(args: argparse.Namespace) -> ScalePlan:
     """Check every option and the config up front, before any run starts."""
     from thrifty.config import load_config, parse_set_args
+    from thrifty.levers.data_loading import available_cpus
 
     counts = parse_nprocs(args.nprocs)
     if args.steps < 2:
@@ -575,9 +376,10 @@ def _device(device: str, most: int) -> str:
 
 
 def _prepare_out(plan: ScalePlan, overwrite: bool) -> None:
+    """Refuse runs an earlier scale left in --out unless --overwrite, which replaces only
+    those; a folder this command did not write is never deleted."""
     out = plan.out
-    if out.exists() and not out.is_dir():
-        raise ThriftyError(f"--out {out} is a file: give a directory")
+    refuse_file(out)
     ours = [plan.run_dir(n) for n in plan.counts] + [out / "scale.json"]
     present = [p for p in ours if p.exists()]
     if present and not overwrite:
@@ -593,12 +395,8 @@ def _prepare_out(plan: ScalePlan, overwrite: bool) -> None:
                 "or choose another --out"
             )
     for path in present:
-        _say(f"replacing {path} (--overwrite)")
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ThriftyError(f"cannot create --out {out}: {exc.strerror}") from exc
+        say("scale", f"replacing {path} (--overwrite)")
+    prepare_out(out, present)
 
 
 def _checked(summary: Mapping[str, Any], n: int, plan: ScalePlan) -> Mapping[str, Any]:
@@ -637,20 +435,16 @@ def _bus(
     from thrifty.plan.units import fmt_bytes
 
     meter = meter or measure_bus_bandwidth
-    nbytes = int(min(params * GRAD_BYTES_PER_PARAM, MAX_BUS_BYTES))
+    nbytes = int(min(params * DDP_GRAD_BYTES_PER_PARAM, MAX_BUS_BYTES))
     bus = {}
     for n in counts:
         bus[n] = meter(n, nbytes, plan.backend)
-        _say(f"bus bandwidth, {n} {plan.backend} processes: {bus[n]:.3g} GB/s")
-    cap = " (capped)" if params * GRAD_BYTES_PER_PARAM > MAX_BUS_BYTES else ""
+        say("scale", f"bus bandwidth, {n} {plan.backend} processes: {bus[n]:.3g} GB/s")
+    cap = " (capped)" if params * DDP_GRAD_BYTES_PER_PARAM > MAX_BUS_BYTES else ""
     return bus, (
         f"measured: {plan.backend} all-reduce of {fmt_bytes(nbytes)}{cap}, the model's fp32 "
         "gradients; busbw = bytes/s x 2(n-1)/n"
     )
-
-
-def _say(message: str) -> None:
-    print(f"thrifty scale: {message}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -683,8 +477,8 @@ def print_report(report: Mapping[str, Any]) -> None:
         table.add_row(
             str(r["processes"]),
             str(r["strategy"] or "-"),
-            _dash(r["omp_num_threads"]),
-            _dash(r["accumulation_steps"]),
+            dash(r["omp_num_threads"]),
+            dash(r["accumulation_steps"]),
             f"{r['step_seconds'] * 1e3:,.1f}",
             f"{r['throughput']:,.0f}",
             f"{r['speedup']:.2f}x",
@@ -709,7 +503,7 @@ def print_report(report: Mapping[str, Any]) -> None:
         f"{report['micro']}; {report['global_batch_from']})",
         f"efficiency: {report['unit']} at N / (N/{base} x {report['unit']} at {base})",
         f"predicted: thrifty.plan.scaling with {report['parameters']:,} parameters x "
-        f"{GRAD_BYTES_PER_PARAM} bytes of gradients and the compute of one step = "
+        f"{DDP_GRAD_BYTES_PER_PARAM} bytes of gradients and the compute of one step = "
         f"{rows[0]['step_seconds'] * base * 1e3:,.1f} ms / N (the step at {base} x {base}/N)",
         f"* applies: {report['prediction_applies_because']}",
         f"bus bandwidth: {report['bus_source']}",
@@ -717,7 +511,3 @@ def print_report(report: Mapping[str, Any]) -> None:
     for note in notes:
         out.print(f"  {escape(note)}", soft_wrap=True)
     out.print(escape(report["conclusion"]), soft_wrap=True)
-
-
-def _dash(value: Any) -> str:
-    return "-" if value is None else str(value)

@@ -124,7 +124,7 @@ def _launching(args: argparse.Namespace) -> bool:
 
 
 def _launch(args: argparse.Namespace, config: Any) -> int:
-    from thrifty.launch import launch
+    from thrifty.commands.launch import launch
 
     return launch(
         args.nprocs,
@@ -137,12 +137,13 @@ def _launch(args: argparse.Namespace, config: Any) -> int:
 def _train(config: Any) -> int:
     import logging
 
-    from thrifty.distributed import env_rank
-    from thrifty.preemption import EXIT_PREEMPTED
     from thrifty.redact import install_log_redaction
     from thrifty.report import show_result
+    from thrifty.run.preemption import EXIT_PREEMPTED
+    from thrifty.run.rng import seed_everything
+    from thrifty.strategies.process_group import env_rank
     from thrifty.task import build_task
-    from thrifty.trainer import Trainer, _seed_everything
+    from thrifty.trainer import Trainer
 
     # Only rank 0 speaks; the other ranks log errors alone, naming themselves.
     rank = env_rank()
@@ -151,27 +152,22 @@ def _train(config: Any) -> int:
         format="thrifty: %(message)s" if rank == 0 else f"thrifty: rank {rank}: %(message)s",
     )
     install_log_redaction()  # no credential reaches the terminal or a captured log
-    _seed_everything(config.run.seed)
+    seed_everything(config.run.seed)
     task = build_task(config)
-    trainer = None
-    try:
-        trainer = Trainer(
-            task.model,
-            task.train_data,
-            config,
-            optimizer=task.optimizer,
-            val_data=task.val_data,
-            loss_fn=task.loss_fn,
-            collate_fn=task.collate_fn,
-        )
+    trainer = Trainer(
+        task.model,
+        task.train_data,
+        config,
+        optimizer=task.optimizer,
+        val_data=task.val_data,
+        loss_fn=task.loss_fn,
+        collate_fn=task.collate_fn,
+    )
+    with trainer:  # the ranks leave the process group together: a launcher sees one outcome
         trainer.interface = "cli"  # messages name the command line's flags
         result = trainer.fit()
         if rank == 0:
             show_result(result, trainer.diagnosis)
-        trainer.dist.barrier()  # the ranks leave together: a launcher sees one outcome
-    finally:
-        if trainer is not None:
-            trainer.dist.close()
     if result.stop_reason == "diverged":
         return 1  # failed: restarting would diverge again; the last good checkpoint is kept
     return EXIT_PREEMPTED if result.stop_reason == "preempted" else 0

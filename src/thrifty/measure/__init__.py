@@ -8,8 +8,7 @@ them is used (`cost` and `diagnosis` need none of them).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from thrifty.lazy import lazy_exports
 
 _EXPORTS = {
     "FlopCount": "thrifty.measure.flops",
@@ -36,15 +35,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'thrifty.measure' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

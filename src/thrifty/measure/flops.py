@@ -51,7 +51,7 @@ class _OpCounter(TorchDispatchMode):
         super().__init__()
         self.ops = 0
 
-    def __torch_dispatch__(  # type: ignore[override]
+    def __torch_dispatch__(
         self,
         func: Any,
         types: Any,

@@ -17,12 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from thrifty.config import toml_loads
 from thrifty.errors import ConfigError, ThriftyError
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 BUILTIN_PATH = Path(__file__).with_name("catalog.toml")
 ENV_VAR = "THRIFTY_CATALOG"
@@ -281,8 +277,8 @@ def _parse_file(path: str) -> dict[str, dict[str, _Row]]:
             f"catalog file {path!r} cannot be read: {exc}; check --catalog"
         ) from None
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        data = toml_loads(text)
+    except ValueError as exc:  # tomllib.TOMLDecodeError
         raise CatalogError(f"{path}: malformed TOML: {exc}") from None
     for key in data:
         if key not in ("schema", "gpu", "instance"):
@@ -315,7 +311,8 @@ def _parse_file(path: str) -> dict[str, dict[str, _Row]]:
 def _validate_table(
     table: dict[str, Any], fields: dict[str, tuple[str, bool]], where: _Where
 ) -> dict[str, Any]:
-    name = table.get("name") if isinstance(table.get("name"), str) else ""
+    given = table.get("name")
+    name = given if isinstance(given, str) else ""
     for key in table:
         if key not in fields:
             close = difflib.get_close_matches(key, list(fields), n=1)

@@ -175,7 +175,8 @@ def budget_flops(
         device = catalog.gpu(gpu)
     else:
         raise ConfigError("a budget in GPU-hours needs a GPU (--gpu) or an instance (--instance)")
-    total = flops_from_gpu_hours(gpu_hours, device, dtype=dtype, mfu=mfu)  # type: ignore[arg-type]
+    assert gpu_hours is not None  # given, or bought with the dollars: one budget was given
+    total = flops_from_gpu_hours(gpu_hours, device, dtype=dtype, mfu=mfu)
     notes.append(
         f"{gpu_hours:,.0f} GPU-hours x {device.peak_flops(dtype) / 1e12:g} TFLOP/s ({device.name}, "
         f"{dtype}) x MFU {mfu:.0%} = {total:.3g} FLOPs"

@@ -90,7 +90,7 @@ def training_flops(
 ) -> Flops:
     """Training FLOPs for `tokens` tokens: 6*N*D, attention if the shape is known, recompute."""
     shape = model if isinstance(model, ModelShape) else None
-    params = require_positive(shape.params if shape else model, "params")
+    params = require_positive(model.params if isinstance(model, ModelShape) else model, "params")
     tokens = require_positive(tokens, "tokens")
     fraction = recompute_fraction(recompute)
     dense = 6.0 * params * tokens
@@ -146,7 +146,8 @@ def resolve_hardware(
     if instance is not None:
         found = catalog.instance(instance)
         return Hardware(found.gpu, found.gpu_count * count, found, count)
-    return Hardware(catalog.gpu(gpu), count)  # type: ignore[arg-type]
+    assert gpu is not None  # exactly one of instance and gpu was given
+    return Hardware(catalog.gpu(gpu), count)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -174,7 +174,7 @@ def plot_waterfall(plan: LeverPlan, path: str, title: str = "Cost levers") -> st
     from thrifty.errors import require
 
     matplotlib = require("matplotlib", "plot")
-    matplotlib.use("Agg")  # type: ignore[attr-defined]
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     def money(value: float) -> str:

@@ -133,7 +133,9 @@ def memory(
     fragmentation and temporary buffers). One keyword per independent knob of the command line.
     """
     shape = model if isinstance(model, ModelShape) else None
-    params = require_positive(float(shape.params if shape else model), "params")
+    params = require_positive(
+        float(model.params if isinstance(model, ModelShape) else model), "params"
+    )
     if zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
     if not isinstance(shards, int) or shards <= 0:

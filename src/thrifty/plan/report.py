@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,6 +20,7 @@ from thrifty.plan.memory import MemoryPlan
 from thrifty.plan.scaling import Scaling
 from thrifty.plan.spot import SpotPlan
 from thrifty.plan.units import fmt_bytes, fmt_count, fmt_dollars, fmt_hours, fmt_pct
+from thrifty.run.directory import json_ready
 
 
 def console() -> Console:
@@ -35,20 +35,10 @@ def Table(**kwargs: Any) -> _RichTable:  # noqa: N802 - stands in for rich's cla
 
 def to_json(data: Any) -> str:
     """JSON with non-finite floats as null."""
-    return json.dumps(_clean(data), indent=2)
+    return json.dumps(json_ready(data), indent=2)
 
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
-
-
-def _kv(title: str, rows: Iterable[tuple[str, str]]) -> Table:
+def _kv(title: str, rows: Iterable[tuple[str, str]]) -> _RichTable:
     table = Table(title=title, show_header=False)
     table.add_column("", style="bold")
     table.add_column("")
@@ -63,7 +53,7 @@ def print_assumptions(out: Console, notes: Iterable[str]) -> None:
     out.print()
 
 
-def estimate_table(e: Estimate) -> Table:
+def estimate_table(e: Estimate) -> _RichTable:
     f = e.flops
     rows = [
         ("parameters", fmt_count(e.params)),
@@ -89,7 +79,7 @@ def estimate_table(e: Estimate) -> Table:
     return _kv("Job estimate", rows)
 
 
-def memory_table(m: MemoryPlan) -> Table:
+def memory_table(m: MemoryPlan) -> _RichTable:
     rows = [
         ("bytes per parameter", f"{m.per_param.total:g} (before sharding)"),
         ("weights", fmt_bytes(m.weights)),
@@ -126,7 +116,7 @@ def memory_table(m: MemoryPlan) -> Table:
     return _kv("Memory per GPU", rows)
 
 
-def scaling_table(s: Scaling) -> Table:
+def scaling_table(s: Scaling) -> _RichTable:
     rows = [
         ("GPUs", f"{s.gpus} ({s.nodes} node{'s' if s.nodes > 1 else ''} x {s.gpus_per_node} GPUs)"),
         ("gradient all-reduce size", fmt_bytes(s.gradient_bytes)),
@@ -146,7 +136,7 @@ def scaling_table(s: Scaling) -> Table:
     return _kv("Scaling (data parallel)", rows)
 
 
-def spot_table(p: SpotPlan) -> Table:
+def spot_table(p: SpotPlan) -> _RichTable:
     be = p.break_even_rate_per_hour
     rows = [
         (
@@ -189,7 +179,7 @@ def spot_table(p: SpotPlan) -> Table:
     return _kv("Spot economics", rows)
 
 
-def chinchilla_table(chosen: Allocation, others: list[Allocation], notes: list[str]) -> Table:
+def chinchilla_table(chosen: Allocation, others: list[Allocation], notes: list[str]) -> _RichTable:
     table = Table(title=f"Compute-optimal allocation for {chosen.flops:.3g} FLOPs")
     for column in ("fit", "parameters", "tokens", "tokens/param", "predicted loss", "6*N*D"):
         table.add_column(column, justify="left" if column == "fit" else "right")
@@ -210,7 +200,7 @@ def chinchilla_table(chosen: Allocation, others: list[Allocation], notes: list[s
 _GROUP = {"price per hour": "price", "hours per run": "hours", "runs needed": "runs"}
 
 
-def levers_table(plan: LeverPlan, title: str = "Cost levers, applied in sequence") -> Table:
+def levers_table(plan: LeverPlan, title: str = "Cost levers, applied in sequence") -> _RichTable:
     table = Table(title=f"{title} (USD per {plan.period})")
     table.add_column("lever: change", no_wrap=True)
     for column in ("before", "after", "saved", "saved %", "of baseline"):
@@ -257,7 +247,7 @@ def print_case_study(out: Console, study: CaseStudy) -> None:
     print_assumptions(out, study.assumptions)
 
 
-def gpus_table(gpus: Iterable[GPU]) -> Table:
+def gpus_table(gpus: Iterable[GPU]) -> _RichTable:
     table = Table(title="GPUs (peak dense TFLOP/s per GPU)")
     columns = (
         "name",
@@ -288,7 +278,7 @@ def gpus_table(gpus: Iterable[GPU]) -> Table:
     return table
 
 
-def instances_table(instances: Iterable[Instance]) -> tuple[Table, list[str]]:
+def instances_table(instances: Iterable[Instance]) -> tuple[_RichTable, list[str]]:
     """The instance table and its numbered price sources."""
     table = Table(title="Instances (USD per hour per instance)")
     right = ("on-demand", "spot (range)", "per GPU-h")
@@ -320,7 +310,7 @@ def _mark(gpu: GPU, field: str, text: str) -> str:
     return f"{text}*" if field in gpu.uncertain else text
 
 
-def detail_table(item: GPU | Instance) -> Table:
+def detail_table(item: GPU | Instance) -> _RichTable:
     kind = "Instance" if isinstance(item, Instance) else "GPU"
     return _kv(f"{kind} {item.name}", [(k, _show(v)) for k, v in item_dict(item).items()])
 

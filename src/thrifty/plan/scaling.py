@@ -9,16 +9,30 @@ Efficiency = compute / (compute + exposed communication):
 - without overlap the whole all-reduce is exposed;
 - with overlap (DDP's bucketed all-reduce during backward) it hides behind the backward pass,
   taken as 2/3 of the step's compute, and only the excess is exposed.
+
+`efficiency_against_baseline` sets the same model beside measured throughput at several process
+counts on one node (what `thrifty scale` reports).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from thrifty.errors import ConfigError
 from thrifty.plan.units import require_positive
 
 BACKWARD_SHARE = 2.0 / 3.0  # backward is 4 of the 6 FLOPs per parameter per token
+DDP_GRAD_BYTES_PER_PARAM = 4  # DDP all-reduces fp32 gradients (parameters stay fp32 under autocast)
+DDP_FIRST_BUCKET = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+CLOSE = 0.10  # measured within 10 points of the prediction counts as "as predicted"
+
+
+def ring_factor(gpus: int) -> float:
+    """Bytes a ring all-reduce moves over each link per byte reduced by `gpus` GPUs: 2(n-1)/n,
+    the factor between nccl-tests' bus bandwidth and its algorithm bandwidth."""
+    return 2.0 * (gpus - 1) / gpus
 
 
 def allreduce_seconds(nbytes: float, gpus: int, bus_gbs: float) -> float:
@@ -28,7 +42,7 @@ def allreduce_seconds(nbytes: float, gpus: int, bus_gbs: float) -> float:
     if not isinstance(gpus, int) or gpus <= 0:
         raise ConfigError(f"gpus must be a whole number > 0, got {gpus!r}")
     bus = require_positive(bus_gbs, "bus bandwidth (GB/s per direction)")
-    return 2.0 * (gpus - 1) / gpus * nbytes / (bus * 1e9)
+    return ring_factor(gpus) * nbytes / (bus * 1e9)
 
 
 def step_compute_seconds(
@@ -138,3 +152,107 @@ def _bus(nodes: int, intra: float, inter: float | None) -> tuple[float, str]:
         )
     inter = require_positive(inter, "inter-node network bandwidth (GB/s per direction)")
     return (inter, "the node's network") if inter < intra else (intra, "the intra-node link")
+
+
+# --------------------------------------------------------------------------------------------
+# Beside a measurement: several process counts on one node
+
+
+def overlap_applies(device: str, gradient_bytes: float) -> tuple[bool, str]:
+    """Whether the 'with overlap' efficiency describes DDP on `device` ("cpu" or "cuda") with
+    `gradient_bytes` bytes of gradients, and why."""
+    if device != "cuda":
+        return False, "gloo on CPU reduces on the cores that run backward, so little is hidden"
+    if gradient_bytes <= DDP_FIRST_BUCKET:
+        return False, "the gradients fit DDP's first 1 MiB bucket, reduced only once backward ends"
+    return True, "DDP all-reduces gradient buckets on its own CUDA stream while backward runs"
+
+
+def single_node_efficiency(
+    params: float, processes: int, one_process_seconds: float, bus_gbs: float | None
+) -> dict[str, float]:
+    """`scaling` for `processes` on one node: each computes 1/N of the step one process takes
+    (`one_process_seconds`), then all-reduces fp32 gradients at `bus_gbs` GB/s per direction.
+    Efficiencies without and with overlap, and the all-reduce time in seconds."""
+    if processes == 1:
+        return {"no_overlap": 1.0, "overlap": 1.0, "allreduce_seconds": 0.0}
+    s = scaling(
+        params,
+        gpus_per_node=processes,
+        compute_seconds=one_process_seconds / processes,
+        intra_node_gbs=bus_gbs or 0.0,
+        grad_bytes_per_param=DDP_GRAD_BYTES_PER_PARAM,
+    )
+    return {
+        "no_overlap": s.efficiency_no_overlap,
+        "overlap": s.efficiency_overlap,
+        "allreduce_seconds": s.allreduce_seconds,
+    }
+
+
+def efficiency_against_baseline(
+    params: float,
+    throughput: Mapping[int, float],
+    one_process_seconds: float,
+    bus: Mapping[int, float],
+    overlap: bool,
+) -> dict[int, dict[str, Any]]:
+    """By process count: speed-up and efficiency measured against the smallest count, beside
+    the predicted efficiency relative to that count, as the measured one is.
+
+    `throughput` is each count's rate (any unit per second), `one_process_seconds` the step of
+    the whole global batch on one process, `bus` the bus bandwidth (GB/s per direction) of each
+    count above 1, and `overlap` which prediction applies (see `overlap_applies`).
+    """
+    counts = sorted(throughput)
+    base_n = counts[0]
+    base = single_node_efficiency(params, base_n, one_process_seconds, bus.get(base_n))
+    rows = {}
+    for n in counts:
+        speedup = throughput[n] / throughput[base_n]
+        pred = single_node_efficiency(params, n, one_process_seconds, bus.get(n))
+        no_overlap = pred["no_overlap"] / base["no_overlap"]
+        with_overlap = pred["overlap"] / base["overlap"]
+        rows[n] = {
+            "speedup": speedup,
+            "efficiency": speedup / (n / base_n),
+            "bus_gbs": bus.get(n),
+            "predicted_allreduce_seconds": pred["allreduce_seconds"],
+            "predicted_efficiency_no_overlap": no_overlap,
+            "predicted_efficiency_overlap": with_overlap,
+            "predicted_efficiency": with_overlap if overlap else no_overlap,
+        }
+    return rows
+
+
+def scaling_conclusion(rows: Sequence[Mapping[str, Any]], overlap: bool, unit: str) -> str:
+    """One line on the largest count of `efficiency_against_baseline`'s rows (with
+    `processes` and `omp_num_threads` added): does adding processes pay, and as the model said?
+    `overlap` names the prediction that applies; `unit` the throughput's."""
+    base, top = rows[0], rows[-1]
+    if len(rows) == 1:
+        return f"only {base['processes']} process(es) measured: give two or more counts to compare"
+    n, n0 = top["processes"], base["processes"]
+    measured, predicted = top["efficiency"], top["predicted_efficiency"]
+    head = (
+        f"{n} processes give {top['speedup']:.2f}x the {unit} of {n0} ({measured:.0%} "
+        f"efficient); the planner predicted {predicted:.0%} ({'with' if overlap else 'no'} overlap)"
+    )
+    gap = round((measured - predicted) * 100)
+    if top["speedup"] < 1:
+        return f"{head}: more processes are slower here, keep {n0}"
+    if abs(gap) <= CLOSE * 100:
+        return f"{head}: as predicted"
+    if gap < 0:
+        return (
+            f"{head}: {-gap} points lower, so the step has costs the all-reduce model leaves out "
+            "(work every process repeats, ranks waiting for each other, cores shared by compute "
+            "and communication)"
+        )
+    threads0, threads = base["omp_num_threads"], top["omp_num_threads"]
+    if threads0 is not None and threads0 != threads:
+        return (
+            f"{head}: {gap} points higher, so one process made less of {threads0} threads than "
+            f"{n} processes of {threads} each (OMP_NUM_THREADS=1 compares at equal threads)"
+        )
+    return f"{head}: {gap} points higher, so more of the all-reduce was hidden than modelled"

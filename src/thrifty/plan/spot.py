@@ -71,7 +71,8 @@ def interruption_rate(
         return require_positive(rate_per_hour, "interruption rate per hour")
     if mtbi_seconds is not None:
         return 3600.0 / require_positive(mtbi_seconds, "mean time between interruptions")
-    return rate_from_advisor(advisor_bucket)  # type: ignore[arg-type]
+    assert advisor_bucket is not None  # exactly one of the three was given
+    return rate_from_advisor(advisor_bucket)
 
 
 def young_interval(save_seconds: float, mtbi_seconds: float) -> float:
@@ -204,9 +205,9 @@ def spot_economics(
         raise ConfigError(f"restart time must be >= 0 seconds, got {restart_seconds!r}")
     given = interval_seconds is not None
     interval = (
-        require_positive(interval_seconds, "checkpoint interval (seconds)")
-        if given
-        else daly_interval(save, 3600.0 / rate)
+        daly_interval(save, 3600.0 / rate)
+        if interval_seconds is None
+        else require_positive(interval_seconds, "checkpoint interval (seconds)")
     )
     _check_rate(rate, interval, restart_seconds)
     hours = expected_hours(work, rate, interval, save, restart_seconds)

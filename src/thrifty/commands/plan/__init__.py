@@ -1,0 +1,289 @@
+"""`thrifty plan`: plan a job's cost before paying for it.
+
+It prints one section for each question its options can answer: the job estimate (model + data
++ hardware), memory, scaling (more than one GPU), spot economics (an interruption rate), the
+compute-optimal allocation (a budget), the cost levers (--levers), or the case study.
+Registering only builds the parser; the handler imports the planner when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from thrifty.commands.prices import add_catalog_options
+from thrifty.errors import ConfigError
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+def _typed(kind: str, parse: Callable[[str], Any], positive: bool = True) -> Callable[[str], Any]:
+    """An argparse type that reports a bad value as one line naming the value and the fix."""
+
+    def convert(text: str) -> Any:
+        try:
+            value = parse(text)
+        except (ConfigError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc) or f"not {kind}: {text!r}") from None
+        if positive and not value > 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+        return value
+
+    convert.__name__ = kind
+    return convert
+
+
+def _count(text: str) -> float:
+    from thrifty.plan.units import parse_count
+
+    return parse_count(text, "")
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"expected a whole number, got {text!r}") from None
+
+
+def _bandwidth(text: str) -> float:
+    from thrifty.plan.units import parse_bandwidth
+
+    return parse_bandwidth(text, "")
+
+
+COUNT = _typed("a number", _count)
+INT = _typed("a whole number", _int)
+FLOAT = _typed("a number", _count)
+ANY_FLOAT = _typed("a number", _count, positive=False)
+BANDWIDTH = _typed("a bandwidth", _bandwidth)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `plan` to the `thrifty` command line."""
+    plan = subparsers.add_parser(
+        "plan",
+        help="estimate a training job's cost, memory, scaling and spot economics",
+        description="Plan a job before paying for it: FLOPs, hours and cost on an instance, "
+        "memory per GPU, data-parallel scaling, spot economics, the compute-optimal model size "
+        "for a budget, and the saving of each cost lever. Counts accept suffixes: 7B, 1.4T, 2e21.",
+    )
+    model = plan.add_argument_group("model (a parameter count or a transformer shape)")
+    model.add_argument("--params", type=COUNT, metavar="N", help="parameter count, e.g. 7B")
+    for flag, text in (
+        ("--layers", "layers"),
+        ("--hidden", "hidden size"),
+        ("--heads", "attention heads"),
+        ("--vocab", "vocabulary size"),
+        ("--seq", "sequence length (tokens)"),
+    ):
+        model.add_argument(flag, type=INT, metavar="N", help=text)
+    data = plan.add_argument_group("data (tokens, or steps x batch x --seq)")
+    data.add_argument("--tokens", type=COUNT, metavar="D", help="training tokens, e.g. 1.4T")
+    data.add_argument("--steps", type=COUNT, metavar="S", help="optimizer steps")
+    data.add_argument("--batch", type=COUNT, metavar="B", help="global batch in sequences per step")
+    hw = plan.add_argument_group("hardware")
+    hw.add_argument("--instance", metavar="NAME", help="catalog instance, e.g. p4d.24xlarge")
+    hw.add_argument("--gpu", metavar="NAME", help="catalog GPU, e.g. H100 (no price)")
+    hw.add_argument(
+        "--count",
+        type=INT,
+        default=1,
+        metavar="K",
+        help="instances (or GPUs with --gpu); default 1",
+    )
+    hw.add_argument("--dtype", choices=DTYPES, default="bf16", help="compute dtype (default bf16)")
+    hw.add_argument(
+        "--mfu",
+        type=FLOAT,
+        metavar="F",
+        help="model FLOPs utilization 0-1 (default 0.35), e.g. from a `thrifty profile` run",
+    )
+    hw.add_argument(
+        "--recompute",
+        choices=("none", "every-other", "full"),
+        default="none",
+        help="activation checkpointing: layers recomputed in backward (default none)",
+    )
+    _plan_memory_options(plan)
+    _plan_spot_options(plan)
+    _plan_budget_options(plan)
+    _plan_lever_options(plan)
+    plan.add_argument(
+        "--case-study",
+        action="store_true",
+        help="recompute the '$50K -> $18K' case study and list where its figures disagree",
+    )
+    add_catalog_options(plan)
+    plan.set_defaults(handler=_run_plan)
+
+
+def _plan_memory_options(plan: argparse.ArgumentParser) -> None:
+    mem = plan.add_argument_group("memory and scaling")
+    mem.add_argument("--optimizer", choices=("adamw", "sgd-momentum", "sgd"), default="adamw")
+    mem.add_argument(
+        "--zero",
+        type=int,
+        choices=(0, 1, 2, 3),
+        default=0,
+        help="ZeRO/FSDP stage: 1 shards optimizer states, 2 + gradients, 3 + weights",
+    )
+    mem.add_argument(
+        "--micro-batch",
+        type=INT,
+        default=1,
+        metavar="B",
+        help="sequences per GPU per forward (default 1)",
+    )
+    mem.add_argument(
+        "--attention",
+        choices=("flash", "eager"),
+        default="flash",
+        help="attention implementation assumed for activations (default flash/SDPA)",
+    )
+    mem.add_argument(
+        "--grad-accum", type=INT, default=1, metavar="K", help="micro-batches per optimizer step"
+    )
+    mem.add_argument(
+        "--grad-bytes",
+        type=int,
+        choices=(2, 4),
+        default=4,
+        help="bytes per gradient value in the all-reduce (default 4: fp32 under autocast)",
+    )
+    mem.add_argument(
+        "--bus-bandwidth",
+        type=BANDWIDTH,
+        metavar="BW",
+        help="intra-node all-reduce bandwidth with unit, e.g. 300GB/s or '600GB/s bidirectional'",
+    )
+    mem.add_argument(
+        "--network-bandwidth",
+        type=BANDWIDTH,
+        metavar="BW",
+        help="inter-node network bandwidth per node with unit, e.g. 400Gb/s",
+    )
+
+
+def _plan_spot_options(plan: argparse.ArgumentParser) -> None:
+    spot = plan.add_argument_group("spot economics")
+    rate = spot.add_mutually_exclusive_group()
+    rate.add_argument(
+        "--interruptions-per-hour", type=FLOAT, metavar="R", help="spot interruption rate"
+    )
+    rate.add_argument(
+        "--mtbi-hours", type=FLOAT, metavar="H", help="mean time between interruptions"
+    )
+    rate.add_argument(
+        "--advisor",
+        metavar="BUCKET",
+        help="AWS Spot Instance Advisor bucket: '<5%%', '5-10%%', '10-15%%', '15-20%%', '>20%%'",
+    )
+    spot.add_argument(
+        "--save-seconds",
+        type=FLOAT,
+        default=60.0,
+        metavar="S",
+        help="checkpoint save time (default 60)",
+    )
+    spot.add_argument(
+        "--restart-seconds",
+        type=ANY_FLOAT,
+        default=600.0,
+        metavar="S",
+        help="time to get a new instance and resume (default 600)",
+    )
+    spot.add_argument(
+        "--checkpoint-interval",
+        type=FLOAT,
+        metavar="S",
+        help="seconds between checkpoints (default: Daly's optimum)",
+    )
+
+
+def _plan_budget_options(plan: argparse.ArgumentParser) -> None:
+    budget = plan.add_argument_group("compute-optimal size for a budget (Chinchilla)")
+    which = budget.add_mutually_exclusive_group()
+    which.add_argument(
+        "--budget-flops", type=COUNT, metavar="C", help="budget in FLOPs, e.g. 5.88e23"
+    )
+    which.add_argument(
+        "--budget-gpu-hours",
+        type=COUNT,
+        metavar="H",
+        help="budget in GPU-hours (needs --gpu or --instance)",
+    )
+    which.add_argument(
+        "--budget-dollars", type=COUNT, metavar="USD", help="budget in USD (needs --instance)"
+    )
+    budget.add_argument(
+        "--fit",
+        choices=("epoch", "hoffmann", "tokens-per-param"),
+        default="epoch",
+        help="loss fit: epoch (default, Epoch AI 2024), hoffmann (paper's rounded "
+        "coefficients), tokens-per-param (~20 tokens per parameter)",
+    )
+    budget.add_argument(
+        "--pricing",
+        choices=("on-demand", "spot"),
+        default="on-demand",
+        help="price used for a dollar budget (default on-demand)",
+    )
+
+
+def _plan_lever_options(plan: argparse.ArgumentParser) -> None:
+    levers = plan.add_argument_group("cost levers (--levers)")
+    levers.add_argument(
+        "--levers", action="store_true", help="show the saving of each lever in sequence"
+    )
+    levers.add_argument(
+        "--runs", type=COUNT, default=1.0, metavar="R", help="runs per period (default 1)"
+    )
+    levers.add_argument(
+        "--early-stop",
+        type=ANY_FLOAT,
+        default=0.0,
+        metavar="K",
+        help="runs stopped early because they would not improve (default 0)",
+    )
+    levers.add_argument(
+        "--early-stop-at",
+        type=ANY_FLOAT,
+        default=0.6,
+        metavar="F",
+        help="fraction of runtime at which they stop (default 0.6)",
+    )
+    levers.add_argument(
+        "--baseline-dtype",
+        choices=DTYPES,
+        default="tf32",
+        help="precision before the precision lever (default tf32)",
+    )
+    levers.add_argument(
+        "--precision-speedup",
+        type=FLOAT,
+        metavar="X",
+        help="measured speed-up of --dtype over --baseline-dtype (default: peak ratio)",
+    )
+    levers.add_argument(
+        "--microbatch-speedup",
+        type=FLOAT,
+        default=1.0,
+        metavar="X",
+        help="measured net speed-up of the larger micro-batch checkpointing allows (default 1)",
+    )
+    levers.add_argument(
+        "--compile-speedup",
+        type=FLOAT,
+        default=1.0,
+        metavar="X",
+        help="measured torch.compile speed-up (default 1)",
+    )
+    levers.add_argument("--plot", metavar="FILE.png", help="write a waterfall chart of the levers")
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from thrifty.commands.plan.sections import run_plan
+
+    return run_plan(args)

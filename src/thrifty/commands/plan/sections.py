@@ -1,0 +1,356 @@
+"""What `thrifty plan` does once its options are parsed.
+
+`run_plan` turns options into planner inputs, computes each section the inputs allow, then prints
+them as tables (with the assumptions under each) or as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from thrifty.errors import ConfigError
+from thrifty.plan.catalog import Catalog, load_catalog
+from thrifty.plan.estimate import (
+    Estimate,
+    Hardware,
+    ModelShape,
+    estimate,
+    resolve_hardware,
+    tokens_from_steps,
+)
+from thrifty.plan.spot import SpotPlan
+
+Model = float | ModelShape
+SHAPE_FLAGS = ("layers", "hidden", "heads", "vocab", "seq")
+
+
+@dataclass
+class Sections:
+    """Computed results in print order, as (key, result) pairs."""
+
+    items: list[tuple[str, Any]] = field(default_factory=list)
+
+    def add(self, key: str, result: Any) -> None:
+        self.items.append((key, result))
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    catalog = load_catalog(args.catalog)
+    if args.plot and not (args.levers or args.case_study):
+        raise ConfigError("--plot draws the lever waterfall: add --levers or --case-study")
+    if args.case_study:
+        return _case_study(args, catalog)
+    sections = Sections()
+    model = _model(args)
+    budget = any(
+        v is not None for v in (args.budget_flops, args.budget_gpu_hours, args.budget_dollars)
+    )
+    if model is None and not budget:
+        raise ConfigError(
+            "thrifty plan needs a model (--params, or --layers/--hidden/--heads/--vocab/--seq) "
+            "with data (--tokens, or --steps/--batch) and hardware (--instance or --gpu), a budget "
+            "(--budget-flops/--budget-gpu-hours/--budget-dollars), or --case-study"
+        )
+    if model is not None:
+        _job_sections(args, catalog, model, sections)
+    if budget:
+        _chinchilla_section(args, catalog, sections)
+    _print(args, sections)
+    return 0
+
+
+def _model(args: argparse.Namespace) -> float | ModelShape | None:
+    given = {name: getattr(args, name) for name in SHAPE_FLAGS if getattr(args, name) is not None}
+    shape_given = {k for k in given if k != "seq"}
+    if args.params is not None and shape_given:
+        flags = ", ".join(f"--{k}" for k in sorted(shape_given))
+        raise ConfigError(f"give --params or the transformer shape ({flags}), not both")
+    if shape_given:
+        missing = [f"--{k}" for k in SHAPE_FLAGS if k not in given]
+        if missing:
+            raise ConfigError(f"a transformer shape needs {', '.join(missing)} as well")
+        return ModelShape(**given)
+    return args.params
+
+
+def _tokens(args: argparse.Namespace) -> float | None:
+    if args.tokens is not None and (args.steps is not None or args.batch is not None):
+        raise ConfigError("give --tokens or --steps with --batch, not both")
+    if args.tokens is not None:
+        return args.tokens
+    if args.steps is None and args.batch is None:
+        return None
+    if args.steps is None or args.batch is None or args.seq is None:
+        raise ConfigError("data as steps x batch needs --steps, --batch (sequences) and --seq")
+    return tokens_from_steps(args.steps, args.batch, args.seq)
+
+
+def _job_sections(
+    args: argparse.Namespace, catalog: Catalog, model: float | ModelShape, sections: Sections
+) -> None:
+    if args.instance is None and args.gpu is None:
+        raise ConfigError("planning a job needs hardware: --instance NAME (priced) or --gpu NAME")
+    if args.instance is not None and args.gpu is not None:
+        raise ConfigError("give --instance or --gpu, not both (an instance names its GPU)")
+    hardware = resolve_hardware(
+        instance=args.instance, gpu=args.gpu, count=args.count, catalog=catalog
+    )
+    tokens = _tokens(args)
+    if tokens is None and (_rate_given(args) or args.levers):
+        what = "--levers" if args.levers else "spot economics"
+        raise ConfigError(f"{what} need the job's length: add --tokens (or --steps/--batch/--seq)")
+    est = None
+    if tokens is not None:
+        est = estimate(
+            model,
+            tokens,
+            instance=hardware.instance,
+            gpu=None if hardware.instance else hardware.gpu,
+            count=args.count,
+            dtype=args.dtype,
+            mfu=args.mfu,
+            recompute=args.recompute,
+            catalog=catalog,
+        )
+        sections.add("estimate", est)
+    _memory_section(args, catalog, model, hardware, sections)
+    _scaling_section(args, model, hardware, sections)
+    spot = _spot_section(args, hardware, est, sections)
+    if args.levers:
+        _levers_section(args, model, hardware, est, spot, sections)
+
+
+def _memory_section(
+    args: argparse.Namespace, catalog: Catalog, model: Model, hardware: Hardware, sections: Sections
+) -> None:
+    from thrifty.plan.memory import memory
+
+    shards = hardware.gpus if args.zero else 1
+    sections.add(
+        "memory",
+        memory(
+            model,
+            gpu=hardware.gpu,
+            dtype=args.dtype,
+            optimizer=args.optimizer,
+            zero_stage=args.zero,
+            shards=shards,
+            micro_batch=args.micro_batch,
+            recompute=args.recompute,
+            attention=args.attention,
+            catalog=catalog,
+        ),
+    )
+
+
+def _scaling_section(
+    args: argparse.Namespace, model: Model, hardware: Hardware, sections: Sections
+) -> None:
+    from thrifty.plan.estimate import DEFAULT_MFU
+    from thrifty.plan.scaling import scaling, step_compute_seconds
+
+    seq = model.seq if isinstance(model, ModelShape) else args.seq
+    if hardware.gpus < 2 or seq is None:
+        return
+    params = model.params if isinstance(model, ModelShape) else model
+    if args.batch is not None:
+        tokens_per_gpu = args.batch * seq / hardware.gpus
+    else:
+        tokens_per_gpu = args.micro_batch * args.grad_accum * seq
+    mfu = args.mfu if args.mfu is not None else DEFAULT_MFU
+    compute = step_compute_seconds(params, tokens_per_gpu, hardware.gpu.peak_flops(args.dtype), mfu)
+    per_node = hardware.instance.gpu_count if hardware.instance else hardware.gpus
+    nodes = hardware.count if hardware.instance else 1
+    network = args.network_bandwidth
+    if network is None and hardware.instance is not None:
+        network = hardware.instance.network_gbs
+    result = scaling(
+        params,
+        gpus_per_node=per_node,
+        nodes=nodes,
+        compute_seconds=compute,
+        intra_node_gbs=args.bus_bandwidth or hardware.gpu.usable_bus_gbs,
+        inter_node_gbs=network,
+        grad_bytes_per_param=float(args.grad_bytes),
+    )
+    result.assumptions.append(
+        f"{tokens_per_gpu:,.0f} tokens per GPU per optimizer step; compute at MFU {mfu:.0%}"
+    )
+    if args.zero == 3:
+        result.assumptions.append(
+            "modelled as a DDP all-reduce; ZeRO-3/FSDP also all-gathers the weights, up to "
+            "~1.5x this traffic with 16-bit gradients"
+        )
+    sections.add("scaling", result)
+
+
+def _rate_given(args: argparse.Namespace) -> bool:
+    return any(v is not None for v in (args.interruptions_per_hour, args.mtbi_hours, args.advisor))
+
+
+def _spot_section(
+    args: argparse.Namespace, hardware: Hardware, est: Estimate | None, sections: Sections
+) -> SpotPlan | None:
+    from thrifty.plan.spot import interruption_rate, spot_economics
+
+    if est is None or not _rate_given(args):
+        return None
+    if hardware.instance is None or hardware.instance.spot_per_hour is None:
+        name = hardware.instance.name if hardware.instance else hardware.gpu.name
+        raise ConfigError(
+            f"spot economics need a spot price: {name} has none in the catalog; "
+            "choose a spot-priced --instance (see 'thrifty prices --instances')"
+        )
+    rate = interruption_rate(
+        rate_per_hour=args.interruptions_per_hour,
+        mtbi_seconds=args.mtbi_hours * 3600 if args.mtbi_hours is not None else None,
+        advisor_bucket=args.advisor,
+    )
+    plan = spot_economics(
+        est.hours,
+        on_demand_per_hour=_price(hardware, "on-demand"),
+        spot_per_hour=_price(hardware, "spot"),
+        rate_per_hour=rate,
+        save_seconds=args.save_seconds,
+        restart_seconds=args.restart_seconds,
+        interval_seconds=args.checkpoint_interval,
+    )
+    if args.advisor:
+        plan.assumptions.append(
+            f"advisor bucket {args.advisor}: its midpoint read as the monthly "
+            "probability of an interruption"
+        )
+    sections.add("spot", plan)
+    return plan
+
+
+def _price(hardware: Hardware, pricing: str) -> float:
+    """USD per hour of the job's instances at `pricing`, which its section checked they have."""
+    price = hardware.price_per_hour(pricing)
+    if price is None:
+        raise ConfigError(f"this section needs a {pricing} price: give a priced --instance")
+    return price
+
+
+def _levers_section(
+    args: argparse.Namespace,
+    model: Model,
+    hardware: Hardware,
+    est: Estimate | None,
+    spot: SpotPlan | None,
+    sections: Sections,
+) -> None:
+    from thrifty.plan.estimate import training_flops
+    from thrifty.plan.levers import LeverInputs, apply_levers, plot_waterfall
+
+    if est is None or hardware.instance is None:
+        raise ConfigError(
+            "--levers needs a priced job: --instance NAME and --tokens (or --steps/--batch)"
+        )
+    baseline = args.baseline_dtype if args.baseline_dtype in hardware.gpu.peak_tflops else "fp32"
+    speedup = args.precision_speedup or (
+        hardware.gpu.peak_flops(args.dtype) / hardware.gpu.peak_flops(baseline)
+    )
+    inputs = LeverInputs(
+        hours_per_run=est.hours * speedup,
+        on_demand_per_hour=_price(hardware, "on-demand"),
+        runs=args.runs,
+        spot_per_hour=hardware.price_per_hour("spot"),
+        spot_overhead=spot.overhead_factor if spot else 1.0,
+        precision_speedup=speedup,
+        microbatch_speedup=args.microbatch_speedup,
+        compile_speedup=args.compile_speedup,
+        early_stopped_runs=args.early_stop,
+        early_stop_fraction=args.early_stop_at,
+        period="run" if args.runs == 1 else f"{args.runs:g} runs",
+    )
+    plan = apply_levers(inputs)
+    how = "given" if args.precision_speedup else f"{args.dtype}/{baseline} peak ratio at equal MFU"
+    plan.assumptions.append(
+        f"precision speed-up {speedup:.3g}x ({how}); measure and pass --precision-speedup"
+    )
+    extra = training_flops(model, 1.0, recompute="full")
+    plan.assumptions.append(
+        f"full activation recompute adds {extra.recompute / (extra.dense + extra.attention):.0%}"
+        " FLOPs: "
+        "a larger micro-batch pays only if throughput rises by more (--microbatch-speedup is net)"
+    )
+    if spot is None and hardware.instance.spot_per_hour is not None:
+        plan.assumptions.append(
+            "spot without interruption overhead: give --interruptions-per-hour or --advisor"
+        )
+    sections.add("levers", plan)
+    if args.plot:
+        plot_waterfall(plan, args.plot, title=f"Cost levers on {hardware.instance.name}")
+
+
+def _chinchilla_section(args: argparse.Namespace, catalog: Catalog, sections: Sections) -> None:
+    from thrifty.plan.chinchilla import FIT_NAMES, budget_flops, chinchilla
+    from thrifty.plan.estimate import DEFAULT_MFU
+
+    flops, notes = budget_flops(
+        flops=args.budget_flops,
+        gpu_hours=args.budget_gpu_hours,
+        dollars=args.budget_dollars,
+        instance=args.instance,
+        gpu=args.gpu,
+        dtype=args.dtype,
+        mfu=args.mfu if args.mfu is not None else DEFAULT_MFU,
+        pricing=args.pricing,
+        catalog=catalog,
+    )
+    chosen = chinchilla(flops, fit=args.fit)
+    chosen.assumptions.extend(notes)
+    others = [chinchilla(flops, fit=f) for f in FIT_NAMES if f != args.fit]
+    sections.add("chinchilla", (chosen, others))
+
+
+def _case_study(args: argparse.Namespace, catalog: Catalog) -> int:
+    from thrifty.plan import report
+    from thrifty.plan.case_study import DEFAULT_INSTANCE, case_study
+    from thrifty.plan.levers import plot_waterfall
+
+    study = case_study(args.instance or DEFAULT_INSTANCE, catalog=catalog)
+    if args.plot:
+        plot_waterfall(
+            study.catalog_levers, args.plot, title=f"Case study at {study.instance} prices"
+        )
+    if args.json:
+        print(report.to_json(study.as_dict()))
+    else:
+        report.print_case_study(report.console(), study)
+    return 0
+
+
+def _print(args: argparse.Namespace, sections: Sections) -> None:
+    from thrifty.plan import report
+
+    if args.json:
+        data: dict[str, Any] = {}
+        for key, result in sections.items:
+            if key == "chinchilla":
+                chosen, others = result
+                data[key] = {**chosen.as_dict(), "other_fits": [o.as_dict() for o in others]}
+            else:
+                data[key] = result.as_dict()
+        print(report.to_json(data))
+        return
+    out = report.console()
+    render: dict[str, Callable[[Any], Any]] = {
+        "estimate": report.estimate_table,
+        "memory": report.memory_table,
+        "scaling": report.scaling_table,
+        "spot": report.spot_table,
+        "levers": report.levers_table,
+    }
+    for key, result in sections.items:
+        if key == "chinchilla":
+            chosen, others = result
+            out.print(report.chinchilla_table(chosen, others, chosen.assumptions))
+            report.print_assumptions(out, chosen.assumptions)
+            continue
+        out.print(render[key](result))
+        report.print_assumptions(out, result.assumptions)

@@ -1,0 +1,88 @@
+"""`thrifty prices`: the GPU and instance catalog, with dated prices and their sources.
+
+Registering only builds the parser; the handler imports the planner when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from thrifty.errors import ConfigError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `prices` to the `thrifty` command line."""
+    prices = subparsers.add_parser(
+        "prices",
+        help="list the GPU and instance catalog with dated prices",
+        description="List GPUs (peak FLOP/s, memory, links) and instances (on-demand and spot "
+        "$/hour, each with its source and date). Give NAME to show one entry.",
+    )
+    prices.add_argument("name", nargs="?", help="one GPU or instance to show in full")
+    which = prices.add_mutually_exclusive_group()
+    which.add_argument("--gpus", action="store_true", help="list only GPUs")
+    which.add_argument("--instances", action="store_true", help="list only instances")
+    prices.add_argument("--provider", help="only instances of this provider (aws, gcp, ...)")
+    add_catalog_options(prices)
+    prices.set_defaults(handler=run_prices)
+
+
+def add_catalog_options(parser: argparse.ArgumentParser) -> None:
+    """--catalog and --json, which `plan` takes too."""
+    parser.add_argument(
+        "--catalog",
+        metavar="FILE",
+        help="TOML file adding to or overriding the built-in catalog "
+        "(default: $THRIFTY_CATALOG if set)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def run_prices(args: argparse.Namespace) -> int:
+    """List the catalog, or show one entry (`NAME`), as tables or JSON."""
+    from thrifty.plan import report
+    from thrifty.plan.catalog import load_catalog
+
+    catalog = load_catalog(args.catalog)
+    if args.name:
+        item = catalog.find(args.name)
+        if args.json:
+            print(report.to_json(report.item_dict(item)))
+        else:
+            report.console().print(report.detail_table(item))
+        return 0
+    instances = [
+        i
+        for i in catalog.instances.values()
+        if not args.provider or i.provider == args.provider.lower()
+    ]
+    if args.provider and not instances:
+        providers = sorted({i.provider for i in catalog.instances.values()})
+        raise ConfigError(
+            f"--provider {args.provider!r} has no instances; known: {', '.join(providers)}"
+        )
+    gpus = [] if args.instances else list(catalog.gpus.values())
+    instances = [] if args.gpus else instances
+    if args.json:
+        print(report.to_json(report.catalog_dict(catalog, gpus, instances)))
+        return 0
+    out = report.console()
+    if gpus:
+        out.print(report.gpus_table(gpus))
+    if instances:
+        table, sources = report.instances_table(instances)
+        out.print(table)
+        for line in sources:
+            out.print(f"  {line}", markup=False)
+        out.print("  spot: a single quoted price, or the midpoint of the range across zones")
+    out.print(
+        f"[dim]catalog: {', '.join(_short(f) for f in catalog.files)}; * = uncertain per its "
+        "source; 'thrifty prices NAME' shows one entry with its sources[/dim]"
+    )
+    return 0
+
+
+def _short(path: str) -> str:
+    from thrifty.plan.catalog import BUILTIN_PATH
+
+    return "built-in catalog.toml" if path == str(BUILTIN_PATH) else path

@@ -1,0 +1,427 @@
+"""Never pay for a wasted run: skip non-finite steps, detect loss spikes, forecast the end.
+
+`GuardConfig` is the `[guard]` section. `NonFiniteCounter` counts consecutive non-finite steps
+(the Trainer skips them) and says when the run has diverged. `SpikeDetector` watches the
+training loss and confirms a spike when it stays far above its recent level for a few steps in a
+row; the Trainer then rolls back to the newest good checkpoint. The forecast keys configure
+`thrifty.run.forecast.cannot_reach`, which reads `early_stopping.target` (validated by
+`check_target`).
+
+Everything here is plain Python: importing it (through the config) stays cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+
+from thrifty.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("thrifty")
+
+
+def _fail(key: str, value: object, allowed: str) -> NoReturn:
+    raise ConfigError(f"guard.{key} = {value!r} is invalid: {allowed}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_target(value: object, where: str = "early_stopping.target") -> float | None:
+    """`early_stopping.target`: a validation loss to reach (finite, 0 or more), or None."""
+    if value is None:
+        return None
+    if isinstance(value, int | float) and _is_number(value) and value >= 0:
+        return float(value)
+    raise ConfigError(
+        f"{where} = {value!r} is invalid: must be a finite number, 0 or more "
+        "(the validation loss the run should reach, e.g. 2.5)"
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GuardConfig:
+    """Stop wasting money on a run that diverged, spiked or cannot reach its target.
+
+    - `max_skipped`: consecutive non-finite steps (NaN/inf loss or gradients) skipped before
+      the run stops as diverged. 10: a lone overflow is common and harmless, ten in a row
+      means the weights are gone. 0 stops at the first one.
+    - `spike_sigma`: a loss more than this many standard deviations above the running mean of
+      the last `spike_window` good losses is a spike candidate. 6: per-step noise almost never
+      reaches it, a real blow-up (loss jumping by multiples) always does.
+    - `spike_ratio`: instead of sigma, a loss above ratio × the running mean is a candidate
+      (e.g. 1.5). Useful when the loss is so smooth that its standard deviation says little.
+    - `spike_steps`: candidates in a row that confirm a spike. 3: one bad batch is a blip the
+      optimizer shrugs off; three in a row means the model itself moved.
+    - `spike_window`: good losses in the running statistics, and steps of warm-up before any
+      decision. 50: enough for a stable standard deviation, short enough to follow the
+      falling loss.
+    - `max_rollbacks`: rollbacks per run before the run stops as diverged. 2: a spike that
+      comes back twice after skipping its data will come back again. 0: the first confirmed
+      spike stops the run.
+    - `rollback_lr_factor`: multiplies the learning rate at each rollback, in (0, 1]. 1.0:
+      skipping the data that caused a spike is usually enough, and the schedule stays the one
+      chosen.
+    - `forecast_min_evals`: evaluations before the first forecast (at least 4: the curve has
+      three parameters). 5; a stop also needs three forecasts in a row, so it comes at the
+      seventh evaluation at the earliest.
+    - `forecast_confidence`: two-sided coverage of the forecast band. 0.99: the run stops only
+      when even the band's optimistic edge misses the target.
+    - `forecast_margin`: how far (fraction of the target) that optimistic edge must miss it.
+      0.25: a power law in steps does not see the extra drop a decaying learning rate (cosine)
+      gives late in a run, and forecasts made early under one were seen to miss the end by
+      more than their band; with a constant learning rate 0.05 is enough.
+    """
+
+    SECTION: ClassVar[str] = "guard"
+    enabled: bool = True  # false: no skipping, no spike detection, no forecast
+    max_skipped: int = 10
+    spike_sigma: float = 6.0
+    spike_ratio: float | None = None
+    spike_steps: int = 3
+    spike_window: int = 50
+    max_rollbacks: int = 2
+    rollback_lr_factor: float = 1.0
+    forecast_min_evals: int = 5
+    forecast_confidence: float = 0.99
+    forecast_margin: float = 0.25
+
+    def __post_init__(self) -> None:
+        self._check_counts()
+        if not (_is_number(self.spike_sigma) and self.spike_sigma >= 2):
+            _fail("spike_sigma", self.spike_sigma, "must be a number, 2 or more (e.g. 6)")
+        if self.spike_ratio is not None and not (
+            _is_number(self.spike_ratio) and self.spike_ratio > 1
+        ):
+            _fail(
+                "spike_ratio",
+                self.spike_ratio,
+                "must be greater than 1 (e.g. 1.5: a loss 50% above its running mean)",
+            )
+        if not (_is_number(self.rollback_lr_factor) and 0 < self.rollback_lr_factor <= 1):
+            _fail(
+                "rollback_lr_factor",
+                self.rollback_lr_factor,
+                "must be in (0, 1]: 1 keeps the learning rate, 0.5 halves it",
+            )
+        if not (_is_number(self.forecast_confidence) and 0.5 <= self.forecast_confidence < 1):
+            _fail("forecast_confidence", self.forecast_confidence, "must be in [0.5, 1), e.g. 0.99")
+        if not (_is_number(self.forecast_margin) and 0 <= self.forecast_margin < 1):
+            _fail("forecast_margin", self.forecast_margin, "must be in [0, 1), e.g. 0.05")
+
+    def _check_counts(self) -> None:
+        minimums = {
+            "max_skipped": (0, ""),
+            "spike_steps": (1, ""),
+            "spike_window": (10, ": fewer good losses give too noisy a standard deviation"),
+            "max_rollbacks": (0, ""),
+            "forecast_min_evals": (4, ": the forecast curve has three parameters"),
+        }
+        for key, (least, why) in minimums.items():
+            value = getattr(self, key)
+            if not (_is_int(value) and value >= least):
+                _fail(key, value, f"must be a whole number, {least} or more{why}")
+
+
+class NonFiniteCounter:
+    """Consecutive non-finite steps: the Trainer skips each one; too many in a row is divergence.
+
+    `update(finite)` once per optimizer step; True means stop the run as diverged (more than
+    `max_skipped` in a row). `skipped` counts every step skipped in the run.
+    """
+
+    def __init__(self, max_skipped: int = 10) -> None:
+        self.max_skipped = max_skipped
+        self.consecutive = 0
+        self.skipped = 0
+
+    def update(self, finite: bool) -> bool:
+        """Record one step; True when the run has diverged (the step must not be applied)."""
+        if finite:
+            self.consecutive = 0
+            return False
+        self.consecutive += 1
+        self.skipped += 1
+        return self.consecutive > self.max_skipped
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"consecutive": self.consecutive, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.consecutive = int(state["consecutive"])
+        self.skipped = int(state["skipped"])
+
+
+class SpikeDetector:
+    """Confirms a loss spike: `steps` losses in a row far above the running level.
+
+    The running mean and standard deviation cover the last `window` good losses only; a
+    candidate is held aside, so a sustained spike cannot inflate the baseline it is measured
+    against. No decision until `window` losses have been seen (the first steps of a run fall
+    too fast for a level to mean anything). With `ratio`, a candidate is a loss above
+    ratio × the running mean instead of mean + sigma × std. Non-finite losses are ignored:
+    `NonFiniteCounter` handles those.
+    """
+
+    def __init__(
+        self, *, sigma: float = 6.0, steps: int = 3, window: int = 50, ratio: float | None = None
+    ) -> None:
+        self.sigma, self.steps, self.window, self.ratio = sigma, steps, window, ratio
+        self.baseline: deque[float] = deque(maxlen=window)
+        self.pending: list[float] = []
+        self.spikes = 0
+
+    @classmethod
+    def from_config(cls, config: GuardConfig) -> SpikeDetector:
+        return cls(
+            sigma=config.spike_sigma,
+            steps=config.spike_steps,
+            window=config.spike_window,
+            ratio=config.spike_ratio,
+        )
+
+    def threshold(self) -> float | None:
+        """The loss above which a step is a spike candidate; None during warm-up."""
+        if len(self.baseline) < self.window:
+            return None
+        n = len(self.baseline)
+        mean = sum(self.baseline) / n
+        if self.ratio is not None:
+            # Measured from |mean| so a loss that may be negative still gets a sane bar.
+            return mean + (self.ratio - 1) * abs(mean)
+        std = math.sqrt(sum((x - mean) ** 2 for x in self.baseline) / (n - 1))
+        # A floor so a perfectly flat loss (a fixed batch, a constant) does not turn rounding
+        # noise into spikes: 0.5% of the level.
+        return mean + self.sigma * max(std, 5e-3 * abs(mean), 1e-12)
+
+    def update(self, loss: float) -> bool:
+        """Record one step's training loss; True when a spike is confirmed (then roll back)."""
+        if not math.isfinite(loss):
+            return False
+        bar = self.threshold()
+        if bar is None or loss <= bar:
+            self.pending.clear()
+            self.baseline.append(float(loss))
+            return False
+        self.pending.append(float(loss))
+        if len(self.pending) < self.steps:
+            return False
+        self.pending.clear()
+        self.spikes += 1
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain floats and ints: loads with `torch.load(..., weights_only=True)`."""
+        return {
+            "baseline": list(self.baseline),
+            "pending": list(self.pending),
+            "spikes": self.spikes,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.baseline = deque((float(x) for x in state["baseline"]), maxlen=self.window)
+        self.pending = [float(x) for x in state["pending"]]
+        self.spikes = int(state["spikes"])
+
+
+# --------------------------------------------------------------------------------------------
+# In the training loop: the skip on the device, the schedule set back, the run's guard state
+
+
+def step_unless_skipped(optimizer: Any, scaler: Any, ok: Any, *, warn: Any = None) -> None:
+    """The optimizer step, left out where `ok` (a bool tensor on the device) is False.
+
+    Fused optimizers skip on the device through the `found_inf` tensor the fp16 loss scaler
+    uses, so no host synchronization is added. An enabled scaler skips overflowing steps
+    itself. Any other optimizer needs the flag on the host: free on CPU, one synchronization
+    per step on a GPU (`warn(message)` is called once to say so).
+    """
+    if scaler.is_enabled():  # fp16: a non-finite loss leaves non-finite gradients, and
+        scaler.step(optimizer)  # the scaler skips those steps (and lowers its scale)
+        scaler.update()
+        return
+    if getattr(optimizer, "_step_supports_amp_scaling", False):
+        optimizer.found_inf = (~ok).float()
+        optimizer.grad_scale = None
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf, optimizer.grad_scale
+        return
+    if ok.device.type != "cpu" and warn is not None:
+        warn(
+            f"guard: {type(optimizer).__name__} has no fused kernel to skip a non-finite step "
+            "on the device, so each step reads one flag back (one GPU sync per step); use a "
+            "fused optimizer (e.g. AdamW(fused=True)) to avoid it"
+        )
+    if bool(ok):
+        optimizer.step()
+
+
+def rewind_schedule(scheduler: Any, steps: int) -> None:
+    """Set a LambdaLR back by `steps` skipped steps: a skipped step does not advance the
+    learning-rate schedule. Applied when the skip is known on the host (the metrics flush)."""
+    if steps <= 0:
+        return
+    scheduler.last_epoch -= steps
+    lrs = [
+        base * fn(scheduler.last_epoch)
+        for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+    ]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
+
+
+def scale_learning_rate(scheduler: Any, factor: float) -> None:
+    """Multiply the schedule's peak learning rates (and the current ones) by `factor`."""
+    if factor == 1.0:
+        return
+    scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
+    for group in scheduler.optimizer.param_groups:
+        group["lr"] *= factor
+        group["initial_lr"] = group.get("initial_lr", group["lr"]) * factor
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+
+@dataclass
+class Verdict:
+    """What the guard makes of the steps just flushed."""
+
+    skipped: int = 0  # steps newly skipped (the schedule is set back by as many)
+    diverged: str | None = None  # why the run must stop as diverged
+    spike_start: int | None = None  # a confirmed spike began at this step: roll back
+
+
+class RunGuard:
+    """The run's guard against waste: counts skipped steps, watches for loss spikes, keeps
+    the rollbacks and the forecast. Fed the steps' records when the metrics are flushed
+    (their losses are on the host by then: no extra synchronization)."""
+
+    def __init__(self, config: GuardConfig) -> None:
+        self.config = config
+        self.nonfinite = NonFiniteCounter(config.max_skipped)
+        self.spikes = SpikeDetector.from_config(config)
+        self.rollbacks: list[dict[str, Any]] = []
+        self.last_finite: tuple[int, float] | None = None  # (step, loss)
+        self.forecast: dict[str, Any] | None = None  # the latest forecast, for the summary
+        self.stopped: str | None = None  # why the run stopped as diverged
+        self.observed_step = 0  # steps up to here are counted: a step seen twice counts once
+
+    @property
+    def suspect(self) -> bool:
+        """A spike is building (not yet confirmed): no checkpoint should be written now."""
+        return bool(self.spikes.pending)
+
+    def observe(self, records: list[dict[str, Any]]) -> Verdict:
+        verdict = Verdict()
+        if not self.config.enabled:
+            return verdict
+        for record in records:
+            step, loss = record["step"], record["loss"]
+            if step <= self.observed_step:
+                continue
+            self.observed_step = step
+            # A non-finite loss (averaged over the ranks, so every rank agrees) is a skipped
+            # step too: under fp16 the loss scaler is what left it out.
+            if record.get("skipped") or not math.isfinite(loss):
+                verdict.skipped += 1
+                if self.nonfinite.update(False):
+                    last = (
+                        f"the last finite loss was {self.last_finite[1]:.4g} at step "
+                        f"{self.last_finite[0]}"
+                        if self.last_finite
+                        else "no step had a finite loss"
+                    )
+                    verdict.diverged = (
+                        f"{self.nonfinite.consecutive} steps in a row up to step {step} had a "
+                        f"non-finite loss or gradient (guard.max_skipped = "
+                        f"{self.config.max_skipped}); {last}"
+                    )
+                    return verdict
+                continue
+            self.nonfinite.update(True)
+            if not math.isfinite(loss):
+                continue
+            self.last_finite = (step, loss)
+            if self.spikes.update(loss):
+                verdict.spike_start = step - self.config.spike_steps + 1
+                return verdict
+        return verdict
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "skipped_steps": self.nonfinite.skipped,
+            "rollbacks": list(self.rollbacks),
+            "forecast": self.forecast,
+            "diverged": self.stopped,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "nonfinite": self.nonfinite.state_dict(),
+            "spikes": self.spikes.state_dict(),
+            "rollbacks": [dict(r) for r in self.rollbacks],
+            "last_finite": list(self.last_finite) if self.last_finite else None,
+            "observed_step": self.observed_step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.nonfinite.load_state_dict(state["nonfinite"])
+        self.spikes.load_state_dict(state["spikes"])
+        self.rollbacks = [dict(r) for r in state["rollbacks"]]
+        last = state.get("last_finite")
+        self.last_finite = (int(last[0]), float(last[1])) if last else None
+        self.observed_step = int(state.get("observed_step", 0))
+
+
+def guarded_step(
+    optimizer: Any,
+    scaler: Any,
+    window_loss: torch.Tensor,
+    grad_norm: torch.Tensor,
+    *,
+    enabled: bool,
+    local_loss: bool,
+) -> torch.Tensor | None:
+    """The optimizer step of a window, left out (with the guard `enabled`) where its loss or
+    gradients are not finite; whether it was, as a tensor on the device (None with the guard
+    off). `local_loss`: this rank's loss may be judged here (one process); with several, the
+    verdict must be the same on every rank, and the norm of the synchronized gradients is (the
+    loss is judged at the flush, averaged over the ranks)."""
+    import torch
+
+    if not enabled:
+        scaler.step(optimizer)
+        scaler.update()
+        return None
+    if scaler.is_enabled():
+        # fp16: the scaler skips steps with non-finite gradients itself (an overflow is its
+        # business, not divergence).
+        step_unless_skipped(optimizer, scaler, grad_norm)
+        return ~torch.isfinite(window_loss) if local_loss else None
+    ok = torch.isfinite(grad_norm)
+    if local_loss:
+        ok &= torch.isfinite(window_loss)
+    step_unless_skipped(optimizer, scaler, ok, warn=_warn_once)
+    return ~ok
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning(message)

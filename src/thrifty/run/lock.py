@@ -1,0 +1,558 @@
+"""One writer per run: an exclusive lock on the run directory and the checkpoint location.
+
+Two trainings writing into one run directory would interleave their metrics and overwrite each
+other's checkpoints. `RunLock` stops the second one at once, with a message naming the first.
+
+- A local directory gets `<dir>/.thrifty.lock`, held with `flock` on a descriptor kept open for
+  the life of the run. The kernel drops the lock when the process dies, so a killed run never
+  blocks the next one. The file records the holder (host, pid, start time) for the message.
+- Where `flock` is unsupported (some network file systems), the file's existence is the lock
+  (O_CREAT|O_EXCL), touched every ttl/3. It is stale when its holder on this host is gone (or its
+  pid now belongs to another process), or, for a holder on another host, when nobody touched it
+  for a ttl. Stale locks are taken over with a warning.
+- An object store location (s3://, gs://, ...) gets a lease object `<location>/.thrifty-lease.json`
+  with an expiry, renewed every ttl/3; a lease past its expiry is taken over with a warning.
+
+Residual races, by design: object stores offer no compare-and-swap through fsspec, so a lease is
+written, read back after `settle_seconds` and kept only if it is still ours. Two processes that
+both find no lease, and whose writes land more than `settle_seconds` apart, can both proceed; the
+loser notices at its next renewal and logs an error (`RunLock.lost`). Lease expiry compares wall
+clocks, so hosts sharing a location need synchronized clocks (NTP). Two processes taking over the
+same stale lock file in the same instant are resolved by an atomic rename, except on file systems
+where rename is not atomic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from thrifty.errors import ThriftyError
+
+log = logging.getLogger("thrifty.run.lock")
+
+LOCK_FILE = ".thrifty.lock"
+LEASE_FILE = ".thrifty-lease.json"
+DEFAULT_TTL_SECONDS = 600.0
+SETTLE_SECONDS = 1.0
+# A dead holder's forked children (data loader workers) keep its flock until they notice.
+STALE_WAIT_SECONDS = 10.0
+_NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # as checkpoint.storage.is_remote, unimported
+
+
+class RunInUseError(ThriftyError):
+    """Another process holds the run directory or checkpoint location; the message names it."""
+
+
+# --- who holds a lock ----------------------------------------------------------------------------
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat from field 3 (the state) on; empty where there is no such file."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    # Field 2 (the command) may hold spaces and parentheses: count fields after the last ")".
+    return stat.rsplit(")", 1)[-1].split()
+
+
+def process_start(pid: int) -> int | None:
+    """When `pid` started, in clock ticks after boot (/proc/<pid>/stat field 22), or None.
+
+    Together with the pid it names one process: a reused pid has another start time.
+    """
+    fields = _stat_fields(pid)
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
+
+
+def boot_id() -> str | None:
+    """This boot's random id (Linux), or None: a pid from before a reboot is gone."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """True when a process with this pid exists on this host (whoever owns it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, and belongs to another user
+        return True
+    except OSError:
+        return False
+    return _stat_fields(pid)[:1] != ["Z"]  # a zombie has ended; only its exit status is left
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """The process that holds a lock: written into the lock file or lease object."""
+
+    host: str
+    pid: int
+    started: str  # when it took the lock: ISO 8601, UTC
+    token: str  # unique per RunLock: tells our own lease from another's
+    process_start: int | None = None  # clock ticks after boot; None off Linux
+    boot_id: str | None = None
+    expires: float | None = None  # leases only: seconds since the epoch
+
+    @classmethod
+    def me(cls) -> Holder:
+        pid = os.getpid()
+        return cls(
+            host=socket.gethostname(),
+            pid=pid,
+            started=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            token=uuid.uuid4().hex,
+            process_start=process_start(pid),
+            boot_id=boot_id(),
+        )
+
+    @classmethod
+    def parse(cls, data: bytes) -> Holder | None:
+        """The holder recorded in `data`, or None when it is empty or unreadable."""
+        try:
+            record = json.loads(data)
+            holder = cls(**{k: v for k, v in record.items() if k in cls.__dataclass_fields__})
+        except (ValueError, TypeError, AttributeError):
+            return None
+        return holder if isinstance(holder.pid, int) else None
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(asdict(self), indent=1) + "\n").encode()
+
+    def describe(self) -> str:
+        """'pid 1234 on host h since 2026-...', noting when that is this very process."""
+        text = f"pid {self.pid} on host {self.host} since {self.started}"
+        if self.host == socket.gethostname() and self.pid == os.getpid():
+            text += " (this process: another run in it still holds the lock)"
+        return text
+
+    def gone(self) -> bool:
+        """True when this holder ran on this host and no longer runs (False if unknowable)."""
+        if self.host != socket.gethostname():
+            return False
+        now_boot = boot_id()
+        if self.boot_id and now_boot and self.boot_id != now_boot:
+            return True
+        if not pid_alive(self.pid):
+            return True
+        started = process_start(self.pid)
+        return None not in (started, self.process_start) and started != self.process_start
+
+
+class _Part(Protocol):
+    """One place a RunLock holds: a local lock file or an object-store lease."""
+
+    needs_renewal: bool
+    lost: str | None
+
+    def acquire(self) -> None: ...
+
+    def renew(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+# --- local directories ---------------------------------------------------------------------------
+
+
+def _read(path: str) -> tuple[bytes, float] | None:
+    """The file's bytes and its age in seconds (by mtime), or None when it does not exist."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(), time.time() - os.fstat(f.fileno()).st_mtime
+    except FileNotFoundError:
+        return None
+
+
+class _LocalLock:
+    """`<directory>/.thrifty.lock`: flock where the file system has it, else exclusive create."""
+
+    def __init__(self, directory: str, label: str, fix: str, holder: Holder, ttl: float) -> None:
+        self.path = os.path.join(directory, LOCK_FILE)
+        self.directory, self.label, self.fix = directory, label, fix
+        self.holder, self.ttl = holder, ttl
+        self.needs_renewal = False  # only the exclusive-create fallback is touched
+        self.lost: str | None = None
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        from thrifty.checkpoint.probe import check_not_blocked
+
+        key = "checkpoint.location" if self.label.startswith("checkpoint") else "run.out"
+        check_not_blocked(self.directory, key)  # a file in the way: say which, and the fix
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as exc:
+            raise ThriftyError(f"cannot create {self.label}: {exc.strerror}") from exc
+        if not self._flock():
+            self._exclusive_create()
+            self.needs_renewal = True
+
+    def in_use(self, holder: Holder | None) -> RunInUseError:
+        who = holder.describe() if holder else "another process"
+        return RunInUseError(f"{self.label} is in use by {who}: wait for it to end, or {self.fix}")
+
+    def _open(self, flags: int) -> int:
+        try:
+            return os.open(self.path, flags, 0o644)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise ThriftyError(
+                f"cannot create the lock file {self.path}: {exc.strerror}: make {self.label} "
+                "writable or choose another"
+            ) from exc
+
+    def _holder_on_disk(self) -> Holder | None:
+        found = _read(self.path)
+        return Holder.parse(found[0]) if found else None
+
+    def _flock(self) -> bool:
+        """Take the flock; False when this file system does not support it."""
+        try:
+            import fcntl
+        except ImportError:  # not a POSIX system
+            return False
+        deadline = time.monotonic() + STALE_WAIT_SECONDS
+        while True:
+            fd = self._open(os.O_RDWR | os.O_CREAT)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                holder = self._holder_on_disk()
+                # A holder that is gone (or not yet written down) cannot hold it for long: its
+                # forked children exit soon after it, a new holder writes its name at once.
+                if (holder is None or holder.gone()) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                raise self._held_by(holder) from None
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in _NO_FLOCK:
+                    return False
+                raise ThriftyError(f"cannot lock {self.path}: {exc.strerror}") from exc
+            if not self._still_the_file(fd):  # its holder removed it between our open and flock
+                os.close(fd)
+                continue
+            previous = self._holder_on_disk()
+            self._fd = fd
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, self.holder.to_bytes(), 0)
+            os.fsync(fd)
+            if previous is not None:  # its holder died without releasing it
+                log.warning(
+                    "took over the lock on %s from %s, which ended", self.label, previous.describe()
+                )
+            return True
+
+    def _held_by(self, holder: Holder | None) -> RunInUseError:
+        if holder is not None and holder.gone():
+            return RunInUseError(
+                f"{self.label} is still locked by child processes of {holder.describe()}, "
+                "which ended: stop those processes (e.g. its data loader workers), then start again"
+            )
+        return self.in_use(holder)
+
+    def _still_the_file(self, fd: int) -> bool:
+        try:
+            return os.fstat(fd).st_ino == os.stat(self.path).st_ino
+        except FileNotFoundError:
+            return False
+
+    def _exclusive_create(self) -> None:
+        for _ in range(5):
+            try:
+                fd = self._open(os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            except FileExistsError:
+                self._move_aside_if_stale()
+                continue
+            try:
+                os.write(fd, self.holder.to_bytes())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return
+        raise self.in_use(self._holder_on_disk())
+
+    def _stale(self, holder: Holder | None, age: float) -> bool:
+        if holder is not None and holder.host == self.holder.host:
+            return holder.gone()
+        return age > self.ttl  # another host's holder touches it every ttl/3 while it lives
+
+    def _move_aside_if_stale(self) -> None:
+        """Raise when the lock file is live; move a stale one out of the way."""
+        found = _read(self.path)
+        if found is None:
+            return  # released meanwhile
+        data, age = found
+        holder = Holder.parse(data)
+        if not self._stale(holder, age):
+            raise self.in_use(holder)
+        # Renaming is atomic: of two processes taking over the same stale file, one moves it.
+        aside = f"{self.path}.stale-{self.holder.token}"
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return
+        with open(aside, "rb") as f:
+            moved = f.read()
+        if moved != data:  # a live lock taken since we looked: give it back
+            with contextlib.suppress(OSError):
+                os.link(aside, self.path)
+            os.unlink(aside)
+            raise self.in_use(Holder.parse(moved))
+        os.unlink(aside)
+        who = holder.describe() if holder else "an unknown process"
+        log.warning("took over the stale lock on %s from %s", self.label, who)
+
+    def renew(self) -> None:
+        found = _read(self.path)
+        holder = Holder.parse(found[0]) if found else None
+        if not self._is_mine(holder):
+            self._lose(holder)
+            return
+        with contextlib.suppress(OSError):
+            os.utime(self.path)
+
+    def _is_mine(self, holder: Holder | None) -> bool:
+        return holder is not None and holder.token == self.holder.token
+
+    def _lose(self, holder: Holder | None) -> None:
+        self.needs_renewal = False
+        who = holder.describe() if holder else "nobody"
+        self.lost = f"lost the lock on {self.label}: it is now held by {who}"
+        log.error("%s; two runs may now write there", self.lost)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            # Remove while still holding it: a process that opened the old file sees, after its
+            # flock, that the path no longer names it, and starts over.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            os.close(self._fd)
+            self._fd = None
+        elif self.lost is None and self._is_mine(self._holder_on_disk()):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+
+# --- object stores -------------------------------------------------------------------------------
+
+
+class _Lease:
+    """`<location>/.thrifty-lease.json`: an owner and an expiry, renewed while the run lives."""
+
+    needs_renewal = True
+
+    def __init__(self, storage: Any, label: str, holder: Holder, ttl: float, settle: float) -> None:
+        self.storage, self.label, self.holder = storage, label, holder
+        self.ttl, self.settle = ttl, settle
+        self.lost: str | None = None
+
+    def _current(self) -> Holder | None:
+        try:
+            data = self.storage.read_bytes(LEASE_FILE)
+        except FileNotFoundError:
+            return None
+        holder = Holder.parse(data)
+        if holder is None:  # object stores write whole objects: this one is not a lease
+            log.warning("%s/%s is not a lease: replacing it", self.label, LEASE_FILE)
+        return holder
+
+    def _write(self) -> None:
+        lease = replace(self.holder, expires=time.time() + self.ttl)
+        self.storage.write_bytes(LEASE_FILE, lease.to_bytes())
+
+    def in_use(self, holder: Holder | None) -> RunInUseError:
+        who = "another process"
+        if holder is not None:
+            until = datetime.fromtimestamp(holder.expires or 0, timezone.utc)
+            who = f"{holder.describe()} (lease until {until.isoformat(timespec='seconds')})"
+        return RunInUseError(
+            f"{self.label} is in use by {who}: wait for it to end, "
+            "or use another checkpoint.location"
+        )
+
+    def acquire(self) -> None:
+        current = self._current()
+        if current is not None and current.token != self.holder.token:
+            if (current.expires or 0.0) > time.time():
+                raise self.in_use(current)
+            log.warning("took over the expired lease on %s from %s", self.label, current.describe())
+        self._write()
+        # No compare-and-swap: let a concurrent writer land, then keep the lease only if ours.
+        time.sleep(self.settle)
+        after = self._current()
+        if after is None or after.token != self.holder.token:
+            raise self.in_use(after)
+
+    def renew(self) -> None:
+        try:
+            current = self._current()
+            if current is None or current.token != self.holder.token:
+                self.needs_renewal = False
+                who = current.describe() if current else "nobody"
+                self.lost = f"lost the lease on {self.label}: it is now held by {who}"
+                log.error("%s; two runs may now write there", self.lost)
+                return
+            self._write()
+        except ThriftyError as exc:  # the next renewal may get through; the lease has slack
+            log.warning("could not renew the lease on %s: %s", self.label, exc)
+
+    def release(self) -> None:
+        current = self._current()
+        if current is not None and current.token == self.holder.token:
+            self.storage.delete(LEASE_FILE)
+
+
+# --- the lock ------------------------------------------------------------------------------------
+
+
+class RunLock:
+    """Exclusive use of a run directory and, when given, its checkpoint location.
+
+    Use as a context manager, or call `acquire()` and `release()`. `acquire` raises
+    `RunInUseError` naming the holder when another live process has either one; `run_dir_fix`
+    is the way out its message gives for a run directory in use. Leases and
+    fallback lock files are renewed every `ttl_seconds / 3` by a daemon thread; `lost` says so
+    if another process took one over meanwhile (it is None while all is well).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        checkpoint_location: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        settle_seconds: float = SETTLE_SECONDS,
+        run_dir_fix: str = "use another --out",
+    ) -> None:
+        if not ttl_seconds > 0:
+            raise ThriftyError(f"the lock's ttl_seconds = {ttl_seconds} must be greater than 0")
+        self.run_dir = os.path.abspath(os.fspath(run_dir))
+        self.checkpoint_location = checkpoint_location
+        self.storage_options = storage_options
+        self.ttl_seconds = ttl_seconds
+        self.settle_seconds = settle_seconds
+        self.run_dir_fix = run_dir_fix
+        self._parts: list[_Part] = []
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    @property
+    def held(self) -> bool:
+        return bool(self._parts)
+
+    @property
+    def lost(self) -> str | None:
+        """Why a part of the lock was lost to another process, or None."""
+        return next((p.lost for p in self._parts if p.lost), None)
+
+    def _plan(self, holder: Holder) -> list[_Part]:
+        parts: list[_Part] = [
+            _LocalLock(
+                self.run_dir,
+                f"run directory {self.run_dir}",
+                self.run_dir_fix,
+                holder,
+                self.ttl_seconds,
+            )
+        ]
+        location = self.checkpoint_location
+        if location is None:
+            return parts
+        if _URL.match(location):
+            from thrifty.checkpoint.storage import open_storage, redact
+
+            storage = open_storage(location, self.storage_options)
+            parts.append(
+                _Lease(
+                    storage,
+                    f"checkpoint location {redact(location.rstrip('/'))}",
+                    holder,
+                    self.ttl_seconds,
+                    self.settle_seconds,
+                )
+            )
+        elif os.path.abspath(os.path.expanduser(location)) != self.run_dir:
+            directory = os.path.abspath(os.path.expanduser(location))
+            parts.append(
+                _LocalLock(
+                    directory,
+                    f"checkpoint location {directory}",
+                    "use another checkpoint.location",
+                    holder,
+                    self.ttl_seconds,
+                )
+            )
+        return parts
+
+    def acquire(self) -> RunLock:
+        """Take every part of the lock, or none: raises RunInUseError naming the holder."""
+        if self._parts:
+            return self
+        taken: list[_Part] = []
+        try:
+            for part in self._plan(Holder.me()):
+                part.acquire()
+                taken.append(part)
+        except BaseException:
+            for part in reversed(taken):
+                with contextlib.suppress(Exception):
+                    part.release()
+            raise
+        self._parts = taken
+        if any(p.needs_renewal for p in taken):
+            self._stop.clear()
+            self._renewer = threading.Thread(
+                target=self._renew_forever, name="thrifty-lock-renewal", daemon=True
+            )
+            self._renewer.start()
+        return self
+
+    def _renew_forever(self) -> None:
+        while not self._stop.wait(self.ttl_seconds / 3):
+            for part in self._parts:
+                if part.needs_renewal:
+                    part.renew()
+
+    def release(self) -> None:
+        """Give the lock up (a no-op when not held); never raises for a part already gone."""
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+            self._renewer = None
+        parts, self._parts = self._parts, []
+        for part in reversed(parts):
+            try:
+                part.release()
+            except Exception as exc:  # the run is over: a lock left behind only goes stale
+                log.warning("could not release the lock: %s", exc)
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

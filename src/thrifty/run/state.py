@@ -1,0 +1,73 @@
+"""What a run has done: its counters (saved with every checkpoint) and what `fit()` returns."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class TrainState:
+    """Counters of the run so far: everything a checkpoint needs besides the tensors."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    batch_in_epoch: int = 0  # micro-batches of this epoch already consumed
+    samples: int = 0
+    tokens: int = 0
+    seconds: float = 0.0  # training wall time, across restarts (run.max_time counts it)
+    initial_val_loss: float | None = None
+    val_loss: float | None = None
+    eval_pending: bool = False  # an evaluation put off by a preemption, done on resume
+    val_steps: list[int] = field(default_factory=list)  # where the forecast's points were taken
+    val_losses: list[float] = field(default_factory=list)
+
+    def advance(self, samples: int, tokens: int, seconds: float, micro_batches: int) -> None:
+        """One optimizer step done, over `micro_batches` of this epoch."""
+        self.seconds = seconds
+        self.step += 1
+        self.batch_in_epoch += micro_batches
+        self.samples += samples
+        self.tokens += tokens
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """In place: whoever holds this object sees the restored counters."""
+        fresh = TrainState(**state)
+        for f in fields(self):
+            setattr(self, f.name, getattr(fresh, f.name))
+
+
+@dataclass
+class FitResult:
+    """What `Trainer.fit()` achieved. Rates are per second of training (compile warm-up excluded)."""
+
+    steps: int
+    samples: int
+    tokens: int
+    train_loss: float
+    val_loss: float | None
+    initial_val_loss: float | None
+    best_val_loss: float | None
+    tokens_per_second: float
+    samples_per_second: float
+    stop_reason: str
+    wall_seconds: float
+    precision: str
+    num_workers: int
+    checkpointed_blocks: list[str] = field(default_factory=list)
+    run_dir: str | None = None
+    mfu: float | None = None  # model FLOP/s ÷ the device's peak for the dtype used
+    breakdown: dict[str, float] | None = None  # mean seconds per step of each phase
+    cost: dict[str, Any] | None = None  # GPU-hours, dollars, the on-demand equivalent
+    world_size: int = 1  # processes (each with its own device) that trained together
+    strategy: str = "single"  # single | ddp | fsdp
+    parameters: int = 0  # trainable parameters of the model
+    step_seconds: float | None = None  # mean seconds per optimizer step (warm-up excluded)
+    # The newest checkpoint: step, location, whether its upload finished, the local copy.
+    checkpoint: dict[str, Any] | None = None
+    # What the guard did and saved: skipped steps, rollbacks (steps and dollars lost), the
+    # forecast, and the steps and dollars a stop before the budget did not spend.
+    guard: dict[str, Any] | None = None

@@ -1,0 +1,83 @@
+"""What a run reports when `fit()` ends: the FitResult, and on rank 0 the diagnosis of what
+limited its steps (diagnosis.json) and, for a finished run, summary.json."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from thrifty.measure import instruments
+from thrifty.measure.monitor import RunMonitor
+from thrifty.run.directory import write_json
+from thrifty.run.state import FitResult
+
+if TYPE_CHECKING:
+    from thrifty.trainer import Trainer
+
+
+def fit_result(
+    trainer: Trainer, reason: str, monitor: RunMonitor, wall_seconds: float
+) -> FitResult:
+    """The run's figures: counters, losses, rates, cost, the guard's savings, the newest save."""
+    t, s = trainer, trainer.state
+    early, guard = t.parts.early_stopping, t.parts.guard
+    return FitResult(
+        steps=s.step,
+        samples=s.samples,
+        tokens=s.tokens,
+        train_loss=monitor.train_loss,
+        val_loss=s.val_loss,
+        initial_val_loss=s.initial_val_loss,
+        best_val_loss=early.best if early.history else None,
+        tokens_per_second=monitor.meter.tokens_per_second,
+        samples_per_second=monitor.meter.samples_per_second,
+        stop_reason=reason,
+        wall_seconds=wall_seconds,
+        precision=t.precision.name,
+        num_workers=t.batches.num_workers,
+        checkpointed_blocks=t.checkpointed_blocks,
+        run_dir=str(t.run_dir) if t.run_dir else None,
+        mfu=monitor.mfu,
+        breakdown=monitor.mean_phases(),
+        cost=monitor.cost.summary().to_dict() if monitor.cost is not None else None,
+        world_size=t.dist.world_size,
+        strategy=t.strategy.name,
+        parameters=sum(p.numel() for p in t.model.parameters() if p.requires_grad),
+        step_seconds=monitor.meter.step_seconds,
+        checkpoint=t.checkpoint_status,
+        guard={**guard.summary(), "saved": t.watch.saved(reason, monitor)},
+    )
+
+
+def write_outputs(trainer: Trainer, result: FitResult, monitor: RunMonitor) -> Any:
+    """Rank 0: diagnose the run and write diagnosis.json (with what the guard saved, beside
+    the bottleneck) and summary.json (the FitResult and the run's set-up). A preempted run
+    writes no summary: summary.json marks a finished run. Returns the diagnosis."""
+    t, choice = trainer, trainer.batches.worker_choice
+    diagnosis = instruments.diagnose_run(
+        monitor,
+        t.config,
+        t.device,
+        t.precision,
+        flops=t.flops,
+        accumulation=t.accumulation,
+        num_workers=t.batches.num_workers,
+        worker_choice=choice,
+    )
+    if t.run_dir is None:
+        return diagnosis
+    if diagnosis is not None:
+        guard = t.parts.guard.summary()
+        write_json(t.run_dir / "diagnosis.json", {**diagnosis.to_dict(), "guard": guard})
+    if result.stop_reason == "preempted":
+        return diagnosis
+    summary = asdict(result)
+    summary["final_val_loss"] = summary.pop("val_loss")
+    summary["precision_reason"] = t.precision.reason
+    summary["accumulation_steps"] = t.accumulation
+    summary["effective_batch"] = t.effective_batch
+    if choice is not None:
+        measured = {str(k): v for k, v in choice.seconds_per_batch.items()}
+        summary["num_workers_measured_seconds_per_batch"] = measured
+    write_json(t.run_dir / "summary.json", summary)
+    return diagnosis
