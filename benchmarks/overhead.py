@@ -2,7 +2,7 @@
 
 Two models: the demo GPT (steps of ~200 ms on this CPU), and a 2-layer MLP whose steps take a
 few milliseconds, where every microsecond the loop and its measurement add shows. Each pair
-runs alternately, round by round, in one process, so machine noise hits both alike; both have
+runs alternately, round by round and each first in turn, in one process, so machine noise hits both alike; both have
 the same precision, accumulation, AdamW, clipping, warmup-cosine schedule and DataLoader, and
 the Trainer keeps all its measurement on (breakdown, system sampling, cost meter, guard).
 
@@ -11,7 +11,7 @@ Trainer, by the per-step hook its loop calls (the profiler's), so logging, the g
 and the step boundary all count. Prints the median step of each and their ratio (target
 ≤ 1.03 for both models).
 
-    python benchmarks/overhead.py [--rounds 6] [--steps 25] [--mlp-rounds 8] [--mlp-steps 300]
+    python benchmarks/overhead.py [--rounds 6] [--steps 25] [--mlp-rounds 40] [--mlp-steps 100]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from thrifty.levers.schedule import build_scheduler
 
 ACCUM = EFFECTIVE // MICRO
 MLP_MICRO, MLP_ACCUM = 64, 2
-MLP_WIDTH = 256, 1024  # in/out features and the hidden layer: about 4-5 ms a step here
+MLP_WIDTH = 256, 256  # in/out features and the hidden layer: about 4-5 ms a step here
 WARMUP = 3  # steps left out of each run: allocator and caches warming up
 
 
@@ -131,6 +131,23 @@ def config_for(
     }
 
 
+def alternate(
+    r: int,
+    ours_run: Callable[[], list[float]],
+    plain_run: Callable[[], list[float]],
+    ours: list[float],
+    plain: list[float],
+) -> None:
+    """One run of each: the Trainer first in even rounds and second in odd ones, so neither
+    always runs on a machine the other has just warmed (or left busy)."""
+    if r % 2 == 0:
+        ours += ours_run()
+        plain += plain_run()
+    else:
+        plain += plain_run()
+        ours += ours_run()
+
+
 # --- the demo GPT ---------------------------------------------------------------------------------
 
 
@@ -143,22 +160,28 @@ def demo_pair(tmp: str, rounds: int, steps: int) -> tuple[list[float], list[floa
     ours: list[float] = []
     plain: list[float] = []
     for r in range(rounds):
-        torch.manual_seed(r)
         config = config_for(f"{tmp}/demo{r}", steps, r, MICRO, EFFECTIVE, **sections)
-        ours += trainer_loop(build_model(**args), data, config)
-        torch.manual_seed(r)
-        plain += plain_loop(
-            build_model(**args),
-            data,
-            steps,
-            micro=MICRO,
-            accum=ACCUM,
-            forward=lambda m, b: m(**b),
-            precision=precision,
-            seed=r,
-            lr=opt.get("lr", 2e-3),
-            betas=tuple(opt.get("betas", (0.9, 0.95))),  # type: ignore[arg-type]
-        )
+
+        def ours_run(r: int = r, config: dict[str, Any] = config) -> list[float]:
+            torch.manual_seed(r)
+            return trainer_loop(build_model(**args), data, config)
+
+        def plain_run(r: int = r) -> list[float]:
+            torch.manual_seed(r)
+            return plain_loop(
+                build_model(**args),
+                data,
+                steps,
+                micro=MICRO,
+                accum=ACCUM,
+                forward=lambda m, b: m(**b),
+                precision=precision,
+                seed=r,
+                lr=opt.get("lr", 2e-3),
+                betas=tuple(opt.get("betas", (0.9, 0.95))),  # type: ignore[arg-type]
+            )
+
+        alternate(r, ours_run, plain_run, ours, plain)
     return ours, plain, f"demo GPT, {precision.name}, micro {MICRO} × {ACCUM}"
 
 
@@ -188,27 +211,34 @@ def mlp_pair(tmp: str, rounds: int, steps: int) -> tuple[list[float], list[float
         "precision": {"mode": "fp32"},
         "optimizer": {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.1},
         "measure": {"peak_tflops": 1.0},  # not measured: the benchmark times the loop only
+        "cost": {"usd_per_gpu_hour": 2.0},  # the dollar meter on
     }
     ours: list[float] = []
     plain: list[float] = []
     effective = MLP_MICRO * MLP_ACCUM
     for r in range(rounds):
-        torch.manual_seed(r)
         config = config_for(f"{tmp}/mlp{r}", steps, r, MLP_MICRO, effective, **sections)
-        ours += trainer_loop(mlp(), data, config, loss_fn=mse)
-        torch.manual_seed(r)
-        plain += plain_loop(
-            mlp(),
-            data,
-            steps,
-            micro=MLP_MICRO,
-            accum=MLP_ACCUM,
-            forward=lambda m, b: mse(m(b[0]), b),
-            precision=precision,
-            seed=r,
-            lr=1e-3,
-            betas=(0.9, 0.95),
-        )
+
+        def ours_run(r: int = r, config: dict[str, Any] = config) -> list[float]:
+            torch.manual_seed(r)
+            return trainer_loop(mlp(), data, config, loss_fn=mse)
+
+        def plain_run(r: int = r) -> list[float]:
+            torch.manual_seed(r)
+            return plain_loop(
+                mlp(),
+                data,
+                steps,
+                micro=MLP_MICRO,
+                accum=MLP_ACCUM,
+                forward=lambda m, b: mse(m(b[0]), b),
+                precision=precision,
+                seed=r,
+                lr=1e-3,
+                betas=(0.9, 0.95),
+            )
+
+        alternate(r, ours_run, plain_run, ours, plain)
     return (
         ours,
         plain,
@@ -217,10 +247,21 @@ def mlp_pair(tmp: str, rounds: int, steps: int) -> tuple[list[float], list[float
 
 
 def report(name: str, ours: list[float], plain: list[float], rounds: int, steps: int) -> float:
+    """Print the medians of all steps and their ratio, and how far the runs' own ratios
+    spread: on a shared machine a whole run can be 20% faster or slower than the next."""
     t, p = statistics.median(ours), statistics.median(plain)
+    per = len(ours) // rounds
+    runs = sorted(
+        statistics.median(ours[i : i + per]) / statistics.median(plain[i : i + per])
+        for i in range(0, per * rounds, per)
+    )
     print(f"{name}, {rounds} rounds × {steps} steps, {torch.get_num_threads()} threads")
     print(f"  median step: thrifty.Trainer {t * 1e3:.3f} ms, plain loop {p * 1e3:.3f} ms")
     print(f"  overhead ratio (Trainer / plain): {t / p:.3f}  (target ≤ 1.03)")
+    print(
+        f"  per-round ratios: median {statistics.median(runs):.3f}, "
+        f"middle half {runs[len(runs) // 4]:.3f}-{runs[(3 * len(runs)) // 4]:.3f}"
+    )
     return t / p
 
 
@@ -228,8 +269,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=25)
-    parser.add_argument("--mlp-rounds", type=int, default=8)
-    parser.add_argument("--mlp-steps", type=int, default=300)
+    parser.add_argument("--mlp-rounds", type=int, default=40)
+    parser.add_argument("--mlp-steps", type=int, default=100)
     parser.add_argument("--only", choices=("demo", "mlp"), default=None)
     args = parser.parse_args()
     if not logging.getLogger().handlers:  # quiet runs: fit() prints its summary otherwise

@@ -102,3 +102,51 @@ def test_a_resumed_run_augmenting_in_2_workers_matches_the_uninterrupted_one_bit
     for name, tensor in reference.state_dict().items():
         assert torch.equal(tensor, resumed.state_dict()[name]), name
         assert torch.equal(tensor, alone.state_dict()[name]), name  # 0 workers: the same run
+
+
+def test_a_window_saves_and_restores_the_training_streams_once(monkeypatch):
+    from thrifty.levers import data_loading
+
+    calls = []
+    real = np.random.get_state
+    monkeypatch.setattr(np.random, "get_state", lambda *a: calls.append(1) or real(*a))
+    sampler = EpochSampler(40, seed=3)
+    loader = build_loader(AugmentedTokens(n=40), sampler, LoaderSettings(4, 0))
+    sampler.set_epoch(1)  # as epoch_batches() reads
+    torch.manual_seed(1)
+    random.seed(1)
+    np.random.seed(1)
+    expected = (torch.rand(3), random.random(), np.random.rand())
+    torch.manual_seed(1)
+    random.seed(1)
+    np.random.seed(1)
+    batches = iter(loader)
+    with data_loading.training_rng_kept():  # what the Trainer opens around each window
+        window = [next(batches) for _ in range(3)]
+    assert len(calls) == 1  # not once per batch
+    assert torch.equal(torch.rand(3), expected[0])
+    assert (random.random(), np.random.rand()) == expected[1:]
+    # The same batches as fetched one by one, each keeping the streams itself.
+    alone = epoch_batches(workers=0)
+    assert all(torch.equal(b["input_ids"], a) for b, a in zip(window, alone[:3], strict=True))
+
+
+def test_a_tensor_dataset_is_fetched_unseeded_with_the_same_batches():
+    from torch.utils.data import Subset, TensorDataset
+
+    class Drawing(TensorDataset):  # a subclass may draw numbers: it is seeded
+        pass
+
+    x = torch.arange(40.0).reshape(40, 1)
+    plain = build_loader(TensorDataset(x), EpochSampler(40, seed=3), LoaderSettings(4, 0))
+    subset = build_loader(
+        Subset(TensorDataset(x), range(40)), EpochSampler(40, seed=3), LoaderSettings(4, 0)
+    )
+    seeded = build_loader(Drawing(x), EpochSampler(40, seed=3), LoaderSettings(4, 0))
+    assert not isinstance(plain.dataset, SeededSamples)  # no seeding, no streams to keep
+    assert not isinstance(subset.dataset, SeededSamples)
+    assert isinstance(seeded.dataset, SeededSamples)
+    got = [b[0] for b in plain]
+    assert len(got) == 10
+    assert all(torch.equal(a, b[0]) for a, b in zip(got, seeded, strict=True))
+    assert all(torch.equal(a, b[0]) for a, b in zip(got, subset, strict=True))

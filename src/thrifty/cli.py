@@ -11,6 +11,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from thrifty.commands.common import EXIT_USAGE
 from thrifty.errors import ConfigError, ThriftyError
@@ -32,7 +33,7 @@ RANK0_GRACE_SECONDS = 5.0
 class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors as one line with exit code 2 (no usage dump)."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"thrifty: error: {message} (see '{self.prog} --help')\n")
 
 

@@ -174,7 +174,18 @@ def redact_value(value: Any) -> Any:
 
 
 def _redact_key(key: Any) -> Any:
-    return redact_text(key) if isinstance(key, str) else key
+    return _redacted_key(key) if isinstance(key, str) else key
+
+
+# Keys repeat (every metrics record has the same dozen): each is judged once, not per record.
+@functools.lru_cache(maxsize=4096)
+def _redacted_key(key: str) -> str:
+    return redact_text(key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _secret_key(key: str) -> bool:
+    return is_secret_name(key)
 
 
 def _redact_item(key: Any, value: Any) -> Any:
@@ -182,8 +193,10 @@ def _redact_item(key: Any, value: Any) -> Any:
         return redact_value(value)
     if key == "storage_options":
         return {}
-    if is_secret_name(key) and not (value is None or isinstance(value, (bool, int, float))):
+    if _secret_key(key) and not (value is None or isinstance(value, (bool, int, float))):
         return REDACTED
+    if isinstance(value, (int, float)) or value is None:  # bool is an int: nothing to redact
+        return value
     return redact_value(value)
 
 

@@ -364,7 +364,7 @@ class Trainer:
         counts: tuple[list[int], list[int]],
         timer: NullTimer,
         totals: list[int] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | bool | None]:
         """One optimizer step over an accumulation window; returns (loss, grad norm, skipped) as
         tensors on the device — reading them would force a host sync, so the caller batches
         that. `skipped` (None with the guard off) is True where a non-finite loss or gradient
@@ -376,7 +376,7 @@ class Trainer:
             window, self.config.batch.normalize, counts, totals, self.dist.world_size
         )
         non_blocking = device.type == "cuda"
-        window_loss = torch.zeros((), device=device)
+        window_loss: torch.Tensor | None = None  # the window's mean loss, in fp32
         last = len(window) - 1
         for i, (batch, weight) in enumerate(zip(window, weights, strict=True)):
             batch = to_device(batch, device, non_blocking)
@@ -385,9 +385,15 @@ class Trainer:
                 with self.precision.autocast():
                     loss = call_model(self.forward_model, batch, self.loss_fn)
                 timer.mark("forward")
-                p.scaler.scale(loss * weight).backward()
-            window_loss += loss.detach().float() * weight
+                weighted = loss * weight
+                p.scaler.scale(weighted).backward()
+            # The weighted loss is the record's share; a low-precision one is weighted in fp32.
+            share = (
+                weighted.detach() if loss.dtype == torch.float32 else loss.detach().float() * weight
+            )
+            window_loss = share if window_loss is None else window_loss + share
             timer.mark("backward")
+        assert window_loss is not None  # a window holds at least one micro-batch
         # The true gradients' norm, recorded at every step (clipping or not): it is the first
         # sign of a run going wrong. Unscaled first, so neither clipping nor the record sees
         # the loss scale.
@@ -412,7 +418,7 @@ class Trainer:
         time_up: bool,
         due: bool,
         loss: torch.Tensor,
-        skipped: torch.Tensor | None,
+        skipped: torch.Tensor | bool | None,
         monitor: RunMonitor,
         clock: _Clock,
     ) -> str | None:

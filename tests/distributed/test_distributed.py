@@ -380,3 +380,41 @@ def test_resuming_a_ddp_checkpoint_with_another_world_size_is_refused_in_one_lin
     line = one_error_line(train(config, out, "--steps", "8"))
     assert "written by 2 process(es) and this run has 1" in line
     assert "distributed.strategy = fsdp" in line
+
+
+LEAVES = """
+import sys
+
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import dist_task
+from thrifty import Trainer, TrainConfig
+
+config = TrainConfig.from_dict({
+    "run": {"max_steps": 2, "out": sys.argv[1], "progress": "off", "device": "cpu"},
+    "batch": {"micro": 8, "effective": 32},
+    "data": {"num_workers": 0},
+    "measure": {"system": False, "peak_tflops": 1.0},
+})
+with Trainer(dist_task.Net(), dist_task.train_data(), config, loss_fn=lambda out, b: F.cross_entropy(out, b[1])) as trainer:
+    joined = dist.is_initialized() and trainer.dist.world_size == 2
+    trainer.fit()
+print(f"rank {dist.get_rank() if dist.is_initialized() else '-'} joined {joined} left {not dist.is_initialized()}")
+"""
+
+
+def test_a_trainer_used_with_with_leaves_the_process_group_it_joined(tmp_path):
+    script = tmp_path / "leaves.py"
+    script.write_text(LEAVES)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    result = subprocess.run(
+        [*command, str(script), str(tmp_path / "run")],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = sorted(line for line in result.stdout.splitlines() if "joined" in line)
+    assert lines == ["rank - joined True left True"] * 2, result.stdout

@@ -124,7 +124,7 @@ def _as_loss(output: Any, source: str) -> torch.Tensor:
     if not isinstance(loss, torch.Tensor):
         loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
     if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point():
-        return loss.reshape(())
+        return loss if loss.dim() == 0 else loss.reshape(())
     desc = (
         f"a tensor of shape {tuple(output.shape)}"
         if isinstance(output, torch.Tensor)

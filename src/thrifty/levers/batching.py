@@ -4,6 +4,7 @@ and the loader of an evaluation."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterator, Sized
 from typing import Any, cast
@@ -16,10 +17,12 @@ from thrifty.errors import ConfigError
 from thrifty.levers.data_loading import (
     EpochSampler,
     LoaderSettings,
+    SeededSamples,
     WorkerChoice,
     build_loader,
     choose_num_workers,
     resolve_pin_memory,
+    training_rng_kept,
 )
 from thrifty.run.preemption import parse_signals
 from thrifty.run.state import TrainState
@@ -92,9 +95,18 @@ class TrainBatches:
             )
             batches = iter(self.loader)
             for _ in range(self.steps_per_epoch - progress.batch_in_epoch // self.accumulation):
-                yield [next(batches) for _ in range(self.accumulation)]
+                with self._fetching():
+                    window = [next(batches) for _ in range(self.accumulation)]
+                yield window
             progress.epoch += 1
             progress.batch_in_epoch = 0
+
+    def _fetching(self) -> contextlib.AbstractContextManager[Any]:
+        """Around a window's fetch: with 0 workers and seeded batches, the training's random
+        streams are kept once for the whole window rather than once a micro-batch."""
+        if self.loader.num_workers == 0 and isinstance(self.loader.dataset, SeededSamples):
+            return training_rng_kept()
+        return contextlib.nullcontext()
 
     def eval_loader(self, data: Dataset, rank: int) -> DataLoader:
         """The validation set in order, this rank's share, no workers."""

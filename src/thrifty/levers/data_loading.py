@@ -82,23 +82,41 @@ def seed_generators(seed: int) -> None:
         np.random.seed(seed >> 32)  # the legacy generator takes 32 bits
 
 
+_KEPT: list[bool] = []  # open `training_rng_kept` scopes of the main process
+
+
 @contextlib.contextmanager
-def _training_rng_kept() -> Iterator[None]:
+def training_rng_kept() -> Iterator[None]:
     """In the main process (0 workers), leave the training's random streams (dropout) as if
-    no sample had been fetched; a worker's generators are its own."""
-    if get_worker_info() is not None:
+    no sample had been fetched; a worker's generators are its own. Fetches inside an open
+    scope save and restore nothing themselves: the training loop opens one per accumulation
+    window, so the states (NumPy's costs about 0.1 ms to save and restore) are copied once a
+    step, not once a micro-batch."""
+    if get_worker_info() is not None or _KEPT:
         yield
         return
     np = sys.modules.get("numpy")
     saved = (torch.default_generator.get_state(), random.getstate())
     saved_np = np.random.get_state() if np is not None else None
+    _KEPT.append(True)
     try:
         yield
     finally:
+        _KEPT.pop()
         torch.default_generator.set_state(saved[0])
         random.setstate(saved[1])
         if np is not None and saved_np is not None:
             np.random.set_state(saved_np)
+
+
+def draws_no_random_numbers(dataset: Dataset) -> bool:
+    """Whether fetching from `dataset` is known to draw no random numbers (a TensorDataset, or
+    a Subset of one): its batches need no seeding and the training's streams no guard."""
+    from torch.utils.data import Subset, TensorDataset
+
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return type(dataset) is TensorDataset
 
 
 class SeededSamples(Dataset):
@@ -122,7 +140,7 @@ class SeededSamples(Dataset):
     def __getitems__(self, keys: list[SampleKey | int]) -> list[Any]:
         first = keys[0]
         indices = [k[0] if isinstance(k, tuple) else k for k in keys]
-        with _training_rng_kept():
+        with training_rng_kept():
             if isinstance(first, tuple):
                 _, epoch, position = first
                 seed_generators(sample_seed(self.seed, epoch, position))
@@ -435,7 +453,7 @@ def build_loader(
     signals = check_stop_signals(stop_signals)
     workers = settings.num_workers
     order: Sampler[Any] = sampler
-    if isinstance(sampler, EpochSampler):
+    if isinstance(sampler, EpochSampler) and not draws_no_random_numbers(dataset):
         dataset = SeededSamples(dataset, sampler.seed)
         order = _Keys(sampler)
     loader = _Loader(

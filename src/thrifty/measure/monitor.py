@@ -154,13 +154,14 @@ class RunMonitor:
         if not self.pending:
             return []
         pending, self.pending = self.pending, []
-        losses_t = torch.stack([r["loss"].float() for r in pending])
+        losses_t = torch.stack([_float(r["loss"]) for r in pending])
         if self.reduce is not None:  # every rank's loss, averaged: one collective per flush
             self.reduce(losses_t)
-        norms_t = [r["grad_norm"].float() for r in pending if r["grad_norm"] is not None]
-        skips_t = [r["skipped"].float() for r in pending if r.get("skipped") is not None]
+        norms_t = [_float(r["grad_norm"]) for r in pending if r["grad_norm"] is not None]
+        skips_t = [_float(s) for r in pending if isinstance(s := r.get("skipped"), torch.Tensor)]
         # This is a CPU-GPU sync point: every step of the interval has finished on the device.
-        values = torch.cat([losses_t, *(t.reshape(1) for t in (*norms_t, *skips_t))]).tolist()
+        read = norms_t + skips_t
+        values = (torch.cat([losses_t, torch.stack(read)]) if read else losses_t).tolist()
         raws = [r.pop("_phases") for r in pending]
         phases = [self.timer.resolve(raw) for raw in raws]
         weights = [
@@ -175,8 +176,9 @@ class RunMonitor:
             if record["grad_norm"] is not None:
                 record["grad_norm"] = next(rest)
         for record in pending:
-            if record.get("skipped") is not None:
-                if next(rest):
+            skipped = record.get("skipped")
+            if skipped is not None:
+                if next(rest) if isinstance(skipped, torch.Tensor) else skipped:
                     record["skipped"] = True
                 else:
                     del record["skipped"]
@@ -263,7 +265,8 @@ class RunMonitor:
         evidence = Evidence(
             step_seconds=statistics.mean(self.step_times),
             steps=len(self.step_times),
-            **{f"{p}_seconds": v for p, v in phases.items() if p != "other"},  # type: ignore[arg-type]  # the phases' names are Evidence's *_seconds fields
+            # The phases' names are Evidence's `*_seconds` fields, which mypy cannot see.
+            **{f"{p}_seconds": v for p, v in phases.items() if p != "other"},  # type: ignore[arg-type]
             flops_per_step=self.flops_per_step,
             mfu=self.mfu,
             busy_seconds=self.mean_busy(),
@@ -301,3 +304,8 @@ def _fit_to_step(phases: dict[str, float], step_seconds: float) -> dict[str, flo
         scale = step_seconds / total
         measured = {p: s * scale for p, s in measured.items()}
     return {**measured, "other": max(0.0, step_seconds - sum(measured.values()))}
+
+
+def _float(value: torch.Tensor) -> torch.Tensor:
+    """A 0-d tensor as float32, without an op where it is one already (the usual case)."""
+    return value if value.dtype == torch.float32 else value.float()

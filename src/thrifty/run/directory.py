@@ -61,6 +61,21 @@ def write_json(path: str | os.PathLike[str], data: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+_FIGURES = (int, float, bool, type(None))
+
+
+def _safe(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`record` redacted; a step's record (figures only, under the loop's own keys) as it is,
+    since a number holds no secret: the redaction of every step would cost more than its
+    measurement."""
+    for value in record.values():
+        if not isinstance(value, _FIGURES) and not (
+            isinstance(value, dict) and all(isinstance(v, _FIGURES) for v in value.values())
+        ):
+            return redact_value(record)
+    return record
+
+
 class MetricsLog:
     """Appends one JSON object per line to metrics.jsonl, secrets redacted."""
 
@@ -69,7 +84,7 @@ class MetricsLog:
         self._file = open(self.path, "a", buffering=1 << 16)  # noqa: SIM115 (closed in close())
 
     def write(self, records: Iterable[Mapping[str, Any]]) -> None:
-        self._file.writelines(json.dumps(json_ready(redact_value(r))) + "\n" for r in records)
+        self._file.writelines(json.dumps(json_ready(_safe(r))) + "\n" for r in records)
         self._file.flush()
 
     def close(self) -> None:

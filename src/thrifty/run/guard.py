@@ -239,8 +239,9 @@ class SpikeDetector:
 # In the training loop: the skip on the device, the schedule set back, the run's guard state
 
 
-def step_unless_skipped(optimizer: Any, scaler: Any, ok: Any, *, warn: Any = None) -> None:
-    """The optimizer step, left out where `ok` (a bool tensor on the device) is False.
+def step_unless_skipped(optimizer: Any, scaler: Any, ok: Any, *, warn: Any = None) -> Any:
+    """The optimizer step, left out where `ok` (a bool tensor on the device) is False; returns
+    whether it was: a bool tensor on the device, or a bool where the flag was read anyway.
 
     Fused optimizers skip on the device through the `found_inf` tensor the fp16 loss scaler
     uses, so no host synchronization is added. An enabled scaler skips overflowing steps
@@ -250,23 +251,26 @@ def step_unless_skipped(optimizer: Any, scaler: Any, ok: Any, *, warn: Any = Non
     if scaler.is_enabled():  # fp16: a non-finite loss leaves non-finite gradients, and
         scaler.step(optimizer)  # the scaler skips those steps (and lowers its scale)
         scaler.update()
-        return
+        return None
     if getattr(optimizer, "_step_supports_amp_scaling", False):
-        optimizer.found_inf = (~ok).float()
+        skipped = ~ok
+        optimizer.found_inf = skipped.float()
         optimizer.grad_scale = None
         try:
             optimizer.step()
         finally:
             del optimizer.found_inf, optimizer.grad_scale
-        return
+        return skipped
     if ok.device.type != "cpu" and warn is not None:
         warn(
             f"guard: {type(optimizer).__name__} has no fused kernel to skip a non-finite step "
             "on the device, so each step reads one flag back (one GPU sync per step); use a "
             "fused optimizer (e.g. AdamW(fused=True)) to avoid it"
         )
-    if bool(ok):
-        optimizer.step()
+    if not bool(ok):
+        return True
+    optimizer.step()
+    return False
 
 
 def rewind_schedule(scheduler: Any, steps: int) -> None:
@@ -394,12 +398,13 @@ def guarded_step(
     *,
     enabled: bool,
     local_loss: bool,
-) -> torch.Tensor | None:
+) -> torch.Tensor | bool | None:
     """The optimizer step of a window, left out (with the guard `enabled`) where its loss or
-    gradients are not finite; whether it was, as a tensor on the device (None with the guard
-    off). `local_loss`: this rank's loss may be judged here (one process); with several, the
-    verdict must be the same on every rank, and the norm of the synchronized gradients is (the
-    loss is judged at the flush, averaged over the ranks)."""
+    gradients are not finite; whether it was, as a tensor on the device or a bool where the
+    flag was read anyway (None with the guard off). `local_loss`: this rank's loss may be
+    judged here (one process); with several, the verdict must be the same on every rank, and
+    the norm of the synchronized gradients is (the loss is judged at the flush, averaged over
+    the ranks)."""
     import torch
 
     if not enabled:
@@ -411,11 +416,18 @@ def guarded_step(
         # business, not divergence).
         step_unless_skipped(optimizer, scaler, grad_norm)
         return ~torch.isfinite(window_loss) if local_loss else None
+    judged = (grad_norm, window_loss) if local_loss else (grad_norm,)
+    if grad_norm.device.type == "cpu" and not getattr(optimizer, "_step_supports_amp_scaling", 0):
+        # On a CPU the flag is read on the host anyway, and reading the two values costs less
+        # than the tensor operations that would compute it.
+        if all(math.isfinite(t.item()) for t in judged):
+            optimizer.step()
+            return False
+        return True
     ok = torch.isfinite(grad_norm)
     if local_loss:
         ok &= torch.isfinite(window_loss)
-    step_unless_skipped(optimizer, scaler, ok, warn=_warn_once)
-    return ~ok
+    return step_unless_skipped(optimizer, scaler, ok, warn=_warn_once)
 
 
 _WARNED: set[str] = set()

@@ -97,7 +97,7 @@ class RunWatch:
 
     # --- the guard's verdict on the steps logged -----------------------------------------------
 
-    def current(self, loss: torch.Tensor, skipped: torch.Tensor | None) -> dict[str, Any]:
+    def current(self, loss: torch.Tensor, skipped: torch.Tensor | bool | None) -> dict[str, Any]:
         """This step's record for the guard before a save, so the checkpoint holds a guard that
         has seen every step up to it (one read of the loss: at a save only). The loss is the
         mean over the ranks, as at a flush, so that every rank decides alike."""
