@@ -13,6 +13,11 @@ tokens/s (eager) sits at or a little below a plain loop's, timed with `torch.cud
 around its steady steps; a ratio well above 1 would mean GPU time went uncounted. `--device`
 trains on another GPU (`cuda:1`): the memory figures say which GPU did the work.
 
+Then the micro-batch lever against real out-of-memory errors: with
+`torch.cuda.set_per_process_memory_fraction` capping this process, `batch.micro = "auto"` must
+choose a size whose peak stays under the cap less `batch.memory_margin`, and a run whose
+micro-batch does not fit must halve it and finish with the configured effective batch.
+
     python benchmarks/gpu_check.py [--steps 60] [--layers 12] [--width 768] [--micro 16]
                                    [--device cuda:1]
 """
@@ -73,6 +78,49 @@ def run(precision: str, compile_mode: str, args: argparse.Namespace, out: str) -
         "step_ms": (result.step_seconds or float("nan")) * 1e3,
         "worst_phase_sum": worst,
     }
+
+
+def memory_checks(args: argparse.Namespace, out: str) -> None:
+    """Real OOMs: the process capped at a fraction of the GPU, `auto` and a micro-batch too big."""
+    device = torch.device(args.device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = 0.25
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    try:
+        for name, micro in (("auto", "auto"), ("too-big", 4 * args.micro)):
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+            cfg = TrainConfig.from_dict(
+                {
+                    "run": {
+                        "max_steps": 8,
+                        "device": args.device,
+                        "out": f"{out}/{name}",
+                        "progress": "off",
+                    },
+                    "precision": {"mode": "bf16"},
+                    "batch": {"micro": micro, "effective": 8 * args.micro},
+                    "data": {"num_workers": 0},
+                }
+            )
+            torch.manual_seed(0)
+            model = build_model(
+                n_layer=args.layers,
+                n_head=args.width // 64,
+                n_embd=args.width,
+                block_size=args.block,
+            )
+            result = Trainer(model, train_dataset(args.block, max_bytes=5_000_000), cfg).fit()
+            peak = torch.cuda.max_memory_allocated(device)
+            print(
+                f"memory cap {fraction:.0%} of {total / 2**30:.0f} GiB, micro {micro}: "
+                f"{result.steps} steps at micro-batch {result.micro_batch}, peak "
+                f"{peak / 2**30:.2f} GiB ({peak / (fraction * total):.0%} of the cap), "
+                f"search {result.micro_batch_search}",
+                flush=True,
+            )
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
 
 
 def reference_tokens_per_second(precision: str, args: argparse.Namespace) -> float:
@@ -171,6 +219,8 @@ def main() -> int:
     for index in range(torch.cuda.device_count()):
         peak = torch.cuda.max_memory_allocated(index) / 2**30
         print(f"cuda:{index} peak memory allocated: {peak:.2f} GiB")
+    with tempfile.TemporaryDirectory() as tmp:
+        memory_checks(args, tmp)
     return 0
 
 

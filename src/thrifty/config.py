@@ -142,15 +142,31 @@ class BatchConfig:
     """Micro-batch (what fits in memory) and effective batch (what the optimizer sees)."""
 
     SECTION: ClassVar[str] = "batch"
-    micro: int = 16  # samples per forward/backward, per process
+    # Samples per forward/backward, per process; "auto": the largest that fits on the device
+    # (measured at start), the accumulation making up batch.effective.
+    micro: int | Literal["auto"] = 16
     effective: int | None = None  # samples per optimizer step, over all processes; default micro
     # How micro-batch losses are weighted: by samples, by tokens (a batch's `loss_mask`), or
     # auto (tokens when the batch carries a loss_mask, samples otherwise).
     normalize: Literal["auto", "samples", "tokens"] = "auto"
+    # With micro = "auto": the share of the device's memory a micro-batch must leave free.
+    memory_margin: float = 0.1
 
     def __post_init__(self) -> None:
-        _positive(self.SECTION, "micro", self.micro)
         _positive(self.SECTION, "effective", self.effective)
+        if not 0 <= self.memory_margin < 1:
+            _fail(self.SECTION, "memory_margin", self.memory_margin, "must be in [0, 1)")
+        if self.micro == "auto":
+            if self.effective is None:
+                _fail(
+                    self.SECTION,
+                    "micro",
+                    self.micro,
+                    "needs batch.effective, the batch the optimizer sees (the micro-batch is "
+                    "chosen to fit and the accumulation makes up the rest)",
+                )
+            return
+        _positive(self.SECTION, "micro", self.micro)
         if self.effective is not None and self.effective % self.micro:
             _fail(
                 self.SECTION,
@@ -160,16 +176,28 @@ class BatchConfig:
                 f"(e.g. {self.micro * max(1, round(self.effective / self.micro))})",
             )
 
-    def accumulation_steps(self, world_size: int = 1) -> int:
-        """Micro-batches per optimizer step on each process."""
-        effective = self.effective or self.micro * world_size
-        per_step = self.micro * world_size
+    def accumulation_steps(self, world_size: int = 1, micro: int | None = None) -> int:
+        """Micro-batches per optimizer step on each process, with `micro` samples each (default
+        batch.micro, which must then be a number)."""
+        micro = micro or self.fixed_micro
+        effective = self.effective or micro * world_size
+        per_step = micro * world_size
         if effective % per_step:
             raise ConfigError(
                 f"batch.effective = {effective} is invalid: must be a multiple of batch.micro × "
-                f"world size = {self.micro} × {world_size} = {per_step}"
+                f"world size = {micro} × {world_size} = {per_step}"
             )
         return effective // per_step
+
+    @property
+    def fixed_micro(self) -> int:
+        """batch.micro when it is a number; with "auto" the Trainer finds it at start."""
+        if self.micro == "auto":
+            raise ConfigError(
+                "batch.micro = 'auto' is invalid here: this needs the micro-batch as a number; "
+                "set it with --set batch.micro=N"
+            )
+        return self.micro
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

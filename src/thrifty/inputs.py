@@ -51,7 +51,7 @@ def check_inputs(model: Any, train_data: Any, val_data: Any, config: TrainConfig
     """Everything a Trainer is handed, checked in the order a person would fix it."""
     from thrifty.run.forecast import require_validation
 
-    micro = config.batch.micro
+    micro = 1 if config.batch.micro == "auto" else config.batch.micro
     check_model(model)
     check_dataset(train_data, "train_data", micro, "batch.micro")
     require_validation(config.early_stopping.target, val_data is not None)

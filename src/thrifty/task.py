@@ -76,7 +76,7 @@ def build_task(config: TrainConfig) -> Task:
     model_factory = import_object(t.model, "task.model")
     model = call_factory(model_factory, t.model_args, "task.model", "task.model_args")
     check_model(model, f"what task.model = {t.model!r} returned")
-    micro = config.batch.micro
+    micro = 1 if config.batch.micro == "auto" else config.batch.micro
     train_factory = import_object(t.train_data, "task.train_data")
     train = call_factory(train_factory, t.data_args, "task.train_data", "task.data_args")
     check_dataset(train, f"what task.train_data = {t.train_data!r} returned", micro, "batch.micro")

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from thrifty.config import RunConfig, TrainConfig
 from thrifty.errors import ConfigError, ThriftyError
@@ -37,6 +37,15 @@ from thrifty.levers.batching import TrainBatches
 from thrifty.levers.compile import compile_model
 from thrifty.levers.data_loading import UntilStop
 from thrifty.levers.early_stopping import EarlyStopping
+from thrifty.levers.micro_batch import (
+    MicroSearch,
+    Snapshot,
+    find_micro,
+    free_memory,
+    out_of_memory_message,
+    scaled_count,
+    split_window,
+)
 from thrifty.levers.optimizer import OptimizerArg, make_optimizer
 from thrifty.levers.precision import LossScaler, Precision, resolve_precision
 from thrifty.levers.schedule import schedule_horizon, scheduler_for
@@ -117,9 +126,21 @@ class Trainer:
         check_same_config(dist, cfg.to_dict(secrets=False))
         self.device = resolve_device(device)
         self.precision: Precision = resolve_precision(cfg.precision.mode, self.device)
-        self.accumulation = cfg.batch.accumulation_steps(dist.world_size)
+        auto = cfg.batch.micro == "auto"
+        # The micro-batch until measured (with "auto": one sample, for the FLOP count).
+        self.micro = 1 if auto else cfg.batch.fixed_micro
+        self.effective_batch = cfg.batch.effective or self.micro * dist.world_size
+        self.accumulation = cfg.batch.accumulation_steps(dist.world_size, self.micro)
+        self.micro_search: MicroSearch | None = None
+        self._halvings = 0  # out-of-memory errors survived: each halved the micro-batch
         self.strategy = make_strategy(dist)
         self.strategy.check(self.precision, isinstance(optimizer, torch.optim.Optimizer))
+        if auto and self.strategy.sharded:
+            raise ConfigError(
+                "batch.micro = 'auto' is not supported with distributed.strategy = fsdp: set "
+                "batch.micro to a number (the largest that fits under ddp or one process is a "
+                "safe start)"
+            )
         # The same seed everywhere built the same initial weights; from here on each rank
         # draws its own random numbers (dropout), and rank 0 those of a single process.
         seed_everything(cfg.run.seed + dist.rank)
@@ -131,7 +152,14 @@ class Trainer:
         self.model.to(self.device)
         # Counted before activation checkpointing: model FLOPs only, not the recomputation.
         self.flops = instruments.count_step_flops(
-            self.model, train_data, cfg, self.device, self.precision, self.loss_fn, collate_fn
+            self.model,
+            train_data,
+            cfg,
+            self.device,
+            self.precision,
+            self.loss_fn,
+            collate_fn,
+            self.micro,
         )
         try:
             policy = cfg.activation_checkpointing.policy
@@ -144,11 +172,14 @@ class Trainer:
         self.optimizer = make_optimizer(
             optimizer, self.model, cfg.optimizer, self.device, self.effective_batch
         )
+        if auto:
+            self._find_micro(wrapped, train_data, collate_fn)
         self.batches = TrainBatches(
             train_data,
             cfg,
             self.device,
             collate_fn,
+            micro=self.micro,
             accumulation=self.accumulation,
             rank=dist.rank,
             world_size=dist.world_size,
@@ -177,17 +208,56 @@ class Trainer:
         self.parts = parts
         self._describe()
 
+    def _find_micro(
+        self, wrapped: nn.Module, data: Dataset, collate_fn: Callable[[list[Any]], Any] | None
+    ) -> None:
+        """batch.micro = "auto": the largest micro-batch whose real step fits on every rank;
+        the accumulation makes up the effective batch. The trial steps leave no trace."""
+        world = self.dist.world_size
+        if self.effective_batch % world:
+            raise ConfigError(
+                f"batch.effective = {self.effective_batch} is invalid: must be a multiple of "
+                f"the world size ({world}) with batch.micro = 'auto'"
+            )
+        collate = collate_fn or default_collate
+        size = len(data)  # type: ignore[arg-type]  # map-style: checked by check_inputs
+
+        def step(micro: int) -> None:
+            batch = to_device(collate([data[i] for i in range(micro)]), self.device)
+            with self.strategy.grad_sync(False), self.precision.autocast():
+                loss = call_model(wrapped, batch, self.loss_fn)
+            loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+        def agree(fits: bool) -> bool:
+            return not self.dist.any_of(not fits)[0]
+
+        per_rank = min(self.effective_batch // world, size)
+        try:
+            with Snapshot(self.model, self.optimizer):
+                search = find_micro(
+                    step, per_rank, self.device, self.config.batch.memory_margin, agree
+                )
+        except torch.OutOfMemoryError as exc:
+            raise ThriftyError(out_of_memory_message(str(exc), self.device)) from None
+        per_micro = self.flops
+        self.micro, self.micro_search = search.chosen, search
+        self.accumulation = self.config.batch.accumulation_steps(world, self.micro)
+        if per_micro is not None:  # counted on one sample: FLOPs and activations scale with it
+            self.flops = scaled_count(per_micro, self.micro)
+        log.info(search.describe())
+
     @property
-    def effective_batch(self) -> int:
-        """Samples per optimizer step over all processes."""
-        return self.config.batch.micro * self.accumulation * self.dist.world_size
+    def micro_now(self) -> int:
+        """The micro-batch the steps use now: an out-of-memory error halves it."""
+        return self.micro >> self._halvings
 
     @property
     def scaler(self) -> LossScaler:
         return self.parts.scaler
 
     def _describe(self) -> None:
-        cfg = self.config
         if self.dist.enabled:
             log.info(self.dist.describe())
         log.info("precision: %s (%s)", self.precision.name, self.precision.reason)
@@ -197,7 +267,7 @@ class Trainer:
         processes = f" × {self.dist.world_size} processes" if self.dist.enabled else ""
         log.info(
             "batch: micro %d × %d accumulation steps%s = effective %d",
-            cfg.batch.micro,
+            self.micro,
             self.accumulation,
             processes,
             self.effective_batch,
@@ -371,29 +441,19 @@ class Trainer:
         left the step out.
         `counts` are the window's samples and tokens per micro-batch, counted on the host;
         `totals` the samples and tokens of the window over all ranks (None: one process)."""
-        p, device, strategy = self.parts, self.device, self.strategy
-        weights = loss_weights(
-            window, self.config.batch.normalize, counts, totals, self.dist.world_size
-        )
-        non_blocking = device.type == "cuda"
-        window_loss: torch.Tensor | None = None  # the window's mean loss, in fp32
-        last = len(window) - 1
-        for i, (batch, weight) in enumerate(zip(window, weights, strict=True)):
-            batch = to_device(batch, device, non_blocking)
-            timer.mark("host_to_device")
-            with strategy.grad_sync(i == last):  # gradients cross ranks once per window
-                with self.precision.autocast():
-                    loss = call_model(self.forward_model, batch, self.loss_fn)
-                timer.mark("forward")
-                weighted = loss * weight
-                p.scaler.scale(weighted).backward()
-            # The weighted loss is the record's share; a low-precision one is weighted in fp32.
-            share = (
-                weighted.detach() if loss.dtype == torch.float32 else loss.detach().float() * weight
-            )
-            window_loss = share if window_loss is None else window_loss + share
-            timer.mark("backward")
-        assert window_loss is not None  # a window holds at least one micro-batch
+        p, strategy = self.parts, self.strategy
+        if self._halvings:  # the micro-batch an earlier out-of-memory left
+            for _ in range(self._halvings):
+                window = split_window(window)
+            counts = window_counts(window)
+        while True:
+            try:
+                window_loss = self._accumulate(window, counts, timer, totals)
+                break
+            except torch.OutOfMemoryError as exc:
+                error = str(exc)
+            window = self._halve(window, error)  # outside the handler: its frames are gone
+            counts = window_counts(window)
         # The true gradients' norm, recorded at every step (clipping or not): it is the first
         # sign of a run going wrong. Unscaled first, so neither clipping nor the record sees
         # the loss scale.
@@ -411,6 +471,72 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         timer.mark("optimizer")
         return window_loss, grad_norm, skipped  # this rank's; averaged over ranks when logged
+
+    def _accumulate(
+        self,
+        window: list[Any],
+        counts: tuple[list[int], list[int]],
+        timer: NullTimer,
+        totals: list[int] | None,
+    ) -> torch.Tensor:
+        """Forward and backward over the window's micro-batches, each weighted by its share;
+        the window's mean loss (fp32, on the device). With several processes, an
+        out-of-memory error before the synchronizing micro-batch is agreed on, so every rank
+        replays the window together."""
+        p, device, strategy = self.parts, self.device, self.strategy
+        weights = loss_weights(
+            window, self.config.batch.normalize, counts, totals, self.dist.world_size
+        )
+        non_blocking = device.type == "cuda"
+        window_loss: torch.Tensor | None = None
+        last = len(window) - 1
+        agree = self.dist.enabled and last > 0
+        for i, (batch, weight) in enumerate(zip(window, weights, strict=True)):
+            if agree and i == last and self.dist.any_of(False)[0]:
+                raise torch.OutOfMemoryError("out of memory on another rank")
+            batch = to_device(batch, device, non_blocking)
+            timer.mark("host_to_device")
+            try:
+                with strategy.grad_sync(i == last):  # gradients cross ranks once per window
+                    with self.precision.autocast():
+                        loss = call_model(self.forward_model, batch, self.loss_fn)
+                    timer.mark("forward")
+                    weighted = loss * weight
+                    p.scaler.scale(weighted).backward()
+            except torch.OutOfMemoryError:
+                if agree and i < last:
+                    self.dist.any_of(True)  # the others learn of it before they synchronize
+                raise
+            # The weighted loss is the record's share; a low-precision one is weighted in fp32.
+            share = (
+                weighted.detach() if loss.dtype == torch.float32 else loss.detach().float() * weight
+            )
+            window_loss = share if window_loss is None else window_loss + share
+            timer.mark("backward")
+        assert window_loss is not None  # a window holds at least one micro-batch
+        return window_loss
+
+    def _halve(self, window: list[Any], error: str) -> list[Any]:
+        """After an out-of-memory error: drop what the attempt held and split the window's
+        micro-batches in two (twice the accumulation, the same samples, the same update), for
+        this window and the ones after. At one sample the run ends, saying what would help."""
+        self.optimizer.zero_grad(set_to_none=True)
+        free_memory(self.device)
+        micro = self.micro_now
+        try:
+            halves = split_window(window)
+        except ValueError:
+            raise ThriftyError(out_of_memory_message(error, self.device)) from None
+        self._halvings += 1
+        log.warning(
+            "out of memory at a micro-batch of %d: replaying the step as %d micro-batches of "
+            "%d (the effective batch and the update are unchanged)",
+            micro,
+            len(halves),
+            micro // 2,
+        )
+        self.watch.log_event(event="out_of_memory", micro_batch=micro // 2)
+        return halves
 
     def _boundary(
         self,
@@ -465,7 +591,7 @@ class Trainer:
             loss_fn=self.loss_fn,
             dist=self.dist,
             max_batches=e.batches,
-            micro=e.micro or self.config.batch.micro,
+            micro=e.micro or self.micro,
         )
 
 

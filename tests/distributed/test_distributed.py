@@ -418,3 +418,66 @@ def test_a_trainer_used_with_with_leaves_the_process_group_it_joined(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     lines = sorted(line for line in result.stdout.splitlines() if "joined" in line)
     assert lines == ["rank - joined True left True"] * 2, result.stdout
+
+
+OOM_ON_RANK_1 = """
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from thrifty import Trainer, TrainConfig
+
+
+class Tight(torch.nn.Module):
+    # Rank 1 runs out of memory on batches above 4 samples from its 6th forward pass on.
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Linear(6, 1)
+        self.calls = 0
+
+    def forward(self, x, y):
+        self.calls += 1
+        if os.environ["RANK"] == "1" and self.calls > 5 and x.shape[0] > 4:
+            raise torch.OutOfMemoryError("injected on rank 1")
+        return ((self.net(x) - y) ** 2).mean()
+
+
+g = torch.Generator().manual_seed(1)
+data = torch.utils.data.TensorDataset(torch.randn(256, 6, generator=g), torch.randn(256, 1, generator=g))
+config = TrainConfig.from_dict({
+    "run": {"max_steps": 4, "out": sys.argv[1], "progress": "off", "device": "cpu"},
+    "precision": {"mode": "fp32"},
+    "batch": {"micro": 8, "effective": 32},
+    "data": {"num_workers": 0},
+    "measure": {"system": False, "peak_tflops": 1.0},
+})
+with Trainer(Tight(), data, config) as trainer:
+    result = trainer.fit()
+    weights = [p.detach().clone() for p in trainer.model.parameters()]
+print(json.dumps({"rank": os.environ["RANK"], "steps": result.steps, "micro": result.micro_batch,
+                  "w": [w.flatten().tolist() for w in weights]}))
+"""
+
+
+def test_an_out_of_memory_error_on_one_rank_is_replayed_by_every_rank(tmp_path):
+    script = tmp_path / "oom.py"
+    script.write_text(OOM_ON_RANK_1)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    result = subprocess.run(
+        [*command, str(script), str(tmp_path / "run")],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(ranks) == 2
+    assert all(r["steps"] == 4 and r["micro"] == 4 for r in ranks)  # both halved, none hung
+    assert ranks[0]["w"] == ranks[1]["w"]  # and they still train one model
+    events = (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert '"event": "out_of_memory"' in events

@@ -337,7 +337,7 @@ def make_plan(args: argparse.Namespace) -> ScalePlan:
         )
     pairs = [*parse_set_args(args.overrides), ("run.max_steps", args.steps)]
     config = load_config(args.config, pairs)
-    micro, effective = config.batch.micro, config.batch.effective
+    micro, effective = config.batch.fixed_micro, config.batch.effective
     device = _device(config.run.device, max(counts))
     user_omp = os.environ.get("OMP_NUM_THREADS", "").strip()
     if not (user_omp.isdigit() and int(user_omp) > 0):

@@ -40,6 +40,7 @@ class TrainBatches:
         device: torch.device,
         collate_fn: Callable[[list[Any]], Any] | None,
         *,
+        micro: int,
         accumulation: int,
         rank: int,
         world_size: int,
@@ -47,9 +48,10 @@ class TrainBatches:
         self.config = config
         self.device = device
         self.collate_fn = collate_fn
+        self.micro = micro
         self.accumulation = accumulation
         self.world_size = world_size
-        d, micro = config.data, config.batch.micro
+        d = config.data
         n = len(cast(Sized, data))  # map-style: checked by thrifty.inputs.check_dataset
         self.worker_choice: WorkerChoice | None = None
         workers = d.num_workers
@@ -90,9 +92,7 @@ class TrainBatches:
         to the next epoch as each one ends (the step's own count is the caller's)."""
         max_epochs = self.config.run.max_epochs
         while max_epochs is None or progress.epoch < max_epochs:
-            self.sampler.set_epoch(
-                progress.epoch, progress.batch_in_epoch * self.config.batch.micro
-            )
+            self.sampler.set_epoch(progress.epoch, progress.batch_in_epoch * self.micro)
             batches = iter(self.loader)
             for _ in range(self.steps_per_epoch - progress.batch_in_epoch // self.accumulation):
                 with self._fetching():
@@ -110,7 +110,7 @@ class TrainBatches:
 
     def eval_loader(self, data: Dataset, rank: int) -> DataLoader:
         """The validation set in order, this rank's share, no workers."""
-        micro = self.config.eval.micro or self.config.batch.micro
+        micro = self.config.eval.micro or self.micro
         sampler = EpochSampler(
             len(cast(Sized, data)), shuffle=False, rank=rank, world_size=self.world_size
         )

@@ -39,15 +39,17 @@ def count_step_flops(
     precision: Precision,
     loss_fn: LossFn | None,
     collate_fn: Callable[[list[Any]], Any] | None,
+    micro: int,
 ) -> Any:
     """FLOPs and aten ops of one micro-batch's forward and backward, measured once on a real
-    micro-batch; None when the breakdown is off or the model cannot be traced."""
+    micro-batch of `micro` samples; None when the breakdown is off or the model cannot be
+    traced."""
     if not config.measure.breakdown:
         return None
     from torch.utils.data import default_collate
 
     collate = collate_fn or default_collate
-    batch = to_device(collate([data[i] for i in range(config.batch.micro)]), device)
+    batch = to_device(collate([data[i] for i in range(micro)]), device)
 
     def call(m: nn.Module, b: Any) -> torch.Tensor:
         with precision.autocast():
@@ -129,6 +131,7 @@ def diagnose_run(
     precision: Precision,
     *,
     flops: Any,
+    micro: int,
     accumulation: int,
     num_workers: int,
     worker_choice: WorkerChoice | None,
@@ -137,7 +140,7 @@ def diagnose_run(
     cuda = device.type == "cuda"
     return monitor.diagnose(
         accumulation_steps=accumulation,
-        micro_batch=config.batch.micro,
+        micro_batch=micro,
         num_workers=num_workers,
         fetch_seconds_per_batch=worker_choice.seconds_per_batch if worker_choice else None,
         cpus=available_cpus(),

@@ -71,3 +71,7 @@ class FitResult:
     # What the guard did and saved: skipped steps, rollbacks (steps and dollars lost), the
     # forecast, and the steps and dollars a stop before the budget did not spend.
     guard: dict[str, Any] | None = None
+    micro_batch: int = 0  # samples per forward/backward at the end (halved by out-of-memory)
+    # batch.micro = "auto": the sizes tried, whether each fitted, the one chosen.
+    micro_batch_search: dict[str, Any] | None = None
+    peak_memory_bytes: float | None = None  # the device's peak allocation (CUDA)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from thrifty.measure import instruments
 from thrifty.measure.monitor import RunMonitor
 from thrifty.run.directory import write_json
@@ -46,6 +48,11 @@ def fit_result(
         step_seconds=monitor.meter.step_seconds,
         checkpoint=t.checkpoint_status,
         guard={**guard.summary(), "saved": t.watch.saved(reason, monitor)},
+        micro_batch=t.micro_now,
+        micro_batch_search=t.micro_search.to_dict() if t.micro_search else None,
+        peak_memory_bytes=(
+            float(torch.cuda.max_memory_allocated(t.device)) if t.device.type == "cuda" else None
+        ),
     )
 
 
@@ -60,6 +67,7 @@ def write_outputs(trainer: Trainer, result: FitResult, monitor: RunMonitor) -> A
         t.device,
         t.precision,
         flops=t.flops,
+        micro=t.micro,
         accumulation=t.accumulation,
         num_workers=t.batches.num_workers,
         worker_choice=choice,

@@ -1,0 +1,223 @@
+"""The micro-batch as a lever: the largest that fits on the device, measured (`batch.micro =
+"auto"`), and a window split in halves when a step runs out of memory.
+
+The effective batch never changes: the accumulation makes up for the micro-batch, so the
+optimization is exactly the one configured. A size "fits" when a real forward, backward and
+optimizer step at that size raise no out-of-memory error and, on a GPU, peak below
+`1 - margin` of the device's memory (the margin absorbs longer sequences and fragmentation).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+log = logging.getLogger("thrifty")
+
+
+@dataclass
+class Trial:
+    micro: int
+    fits: bool
+    peak_bytes: float | None = None  # the device's peak allocation (CUDA), else None
+
+
+@dataclass
+class MicroSearch:
+    """What `find_micro` tried and chose; goes to the log and summary.json."""
+
+    chosen: int
+    margin: float
+    tried: list[Trial] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "chosen": self.chosen,
+            "margin": self.margin,
+            "tried": [asdict(t) for t in self.tried],
+        }
+
+    def describe(self) -> str:
+        sizes = ", ".join(f"{t.micro} {'fits' if t.fits else 'does not fit'}" for t in self.tried)
+        return f"micro-batch auto: {self.chosen} ({sizes}; {self.margin:.0%} of memory kept free)"
+
+
+def candidates(per_rank: int) -> list[int]:
+    """Sizes to try, ascending: 1, then doubling, each dividing the per-process batch (so the
+    accumulation is a whole number), and the per-process batch itself."""
+    sizes = [1]
+    while sizes[-1] < per_rank:
+        larger = [d for d in range(2 * sizes[-1], per_rank + 1) if per_rank % d == 0]
+        sizes.append(larger[0] if larger else per_rank)
+    return sizes
+
+
+def find_micro(
+    try_step: Callable[[int], None],
+    per_rank: int,
+    device: torch.device,
+    margin: float,
+    agree: Callable[[bool], bool] = lambda fits: fits,
+) -> MicroSearch:
+    """The largest candidate size whose step `try_step(micro)` fits, every rank agreeing
+    (`agree(fits)` is True only when it fits on every rank). Raises OutOfMemoryError when not
+    even one sample fits."""
+    search = MicroSearch(chosen=0, margin=margin)
+    limit = _memory_limit(device, margin)
+    for micro in candidates(per_rank):
+        fits, peak = _fits(try_step, micro, device, limit)
+        fits = agree(fits)
+        search.tried.append(Trial(micro, fits, peak))
+        if not fits:
+            break
+        search.chosen = micro
+    if search.chosen == 0:
+        raise torch.OutOfMemoryError(
+            "a micro-batch of 1 does not fit" + _peak_words(search.tried[-1].peak_bytes, limit)
+        )
+    return search
+
+
+def _memory_limit(device: torch.device, margin: float) -> float | None:
+    if device.type != "cuda":
+        return None  # a CPU run fits until an allocation fails
+    return (1 - margin) * torch.cuda.get_device_properties(device).total_memory
+
+
+def _fits(
+    try_step: Callable[[int], None], micro: int, device: torch.device, limit: float | None
+) -> tuple[bool, float | None]:
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        try_step(micro)
+    except torch.OutOfMemoryError:
+        fits = False
+    else:
+        fits = True
+    peak = float(torch.cuda.max_memory_allocated(device)) if cuda else None
+    free_memory(device)
+    if fits and limit is not None and peak is not None and peak > limit:
+        fits = False
+    return fits, peak
+
+
+def free_memory(device: torch.device) -> None:
+    """Give the cached blocks a failed allocation left back, so the next attempt starts clean."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _peak_words(peak: float | None, limit: float | None) -> str:
+    if peak is None:
+        return ""
+    room = f" of {limit / 2**30:.1f} GiB usable" if limit else ""
+    return f" (peak {peak / 2**30:.1f} GiB{room})"
+
+
+class Snapshot(AbstractContextManager["Snapshot"]):
+    """Weights, optimizer state and random streams as they are on entry, restored on exit:
+    the size search's steps leave no trace in the training."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model = model
+        self.optimizer = optimizer
+
+    def __enter__(self) -> Snapshot:
+        self._tensors = [t.detach().to("cpu", copy=True) for t in self._state()]
+        self._optimizer_state = copy.deepcopy(self.optimizer.state_dict())
+        self._rng = torch.random.fork_rng(devices=_devices(self.model))
+        self._rng.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for tensor, saved in zip(self._state(), self._tensors, strict=True):
+                tensor.copy_(saved)
+        self.optimizer.state.clear()  # the moments the trial steps made
+        self.optimizer.load_state_dict(self._optimizer_state)
+        self._rng.__exit__(None, None, None)
+
+    def _state(self) -> Iterator[torch.Tensor]:
+        yield from self.model.parameters()
+        yield from self.model.buffers()
+
+
+def _devices(model: nn.Module) -> list[int]:
+    return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+
+
+def split_window(window: list[Any]) -> list[Any]:
+    """Each micro-batch of `window` cut in two halves along the sample dimension: the same
+    samples, in the same order, in twice as many micro-batches. Raises ValueError when a
+    micro-batch holds a single sample."""
+    halves: list[Any] = []
+    for batch in window:
+        size = _samples(batch)
+        if size < 2:
+            raise ValueError("a micro-batch of one sample cannot be split")
+        cut = size // 2
+        halves += [_part(batch, 0, cut), _part(batch, cut, size)]
+    return halves
+
+
+def _samples(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    values = batch.values() if isinstance(batch, Mapping) else batch
+    if isinstance(values, (list, tuple)) or isinstance(batch, Mapping):
+        sizes = [_samples(v) for v in values if isinstance(v, (torch.Tensor, Mapping, list, tuple))]
+        return max(sizes, default=1)
+    return 1
+
+
+def _part(batch: Any, start: int, stop: int) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch[start:stop] if batch.dim() else batch
+    if isinstance(batch, Mapping):
+        return {k: _part(v, start, stop) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(_part(v, start, stop) for v in batch)
+    if isinstance(batch, list):
+        if batch and not isinstance(batch[0], (torch.Tensor, Mapping, list, tuple)):
+            return batch[start:stop]  # a list of per-sample values (strings, ids)
+        return [_part(v, start, stop) for v in batch]
+    return batch
+
+
+def out_of_memory_message(detail: str, device: torch.device) -> str:
+    """The one line a run that cannot fit even one sample ends with: what happened, the peak,
+    and what would help."""
+    first = detail.strip().splitlines()[0] if detail.strip() else "no detail"
+    peak = ""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        used = torch.cuda.max_memory_allocated(device)
+        peak = f"; peak {used / 2**30:.1f} GiB of {total / 2**30:.1f} GiB"
+    return (
+        f"out of memory at a micro-batch of 1 sample ({first}{peak}): the "
+        "model does not fit on this device; turn on activation checkpointing "
+        "(activation_checkpointing.policy = every_other or all), shard it over more GPUs "
+        "(distributed.strategy = fsdp), use bf16, or train a smaller model"
+    )
+
+
+def scaled_count(per_sample: Any, micro: int) -> Any:
+    """A FLOP count measured on one sample, for `micro` samples: the FLOPs and the activations
+    grow with the batch, the operators dispatched do not."""
+    from dataclasses import replace
+
+    return replace(
+        per_sample,
+        flops=per_sample.flops * micro,
+        activation_bytes=per_sample.activation_bytes * micro,
+    )
