@@ -37,6 +37,7 @@ _EXPORTS = {
     "EpochSampler": "thrifty.levers.data_loading",
     "LoaderSettings": "thrifty.levers.data_loading",
     "EarlyStopping": "thrifty.levers.early_stopping",
+    "tune": "thrifty.tune",
     "ThriftyError": "thrifty.errors",
     "ConfigError": "thrifty.errors",
 }

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "thrifty.commands.scale",
     "thrifty.commands.prices",
     "thrifty.commands.plan",
+    "thrifty.commands.tune",
 )
 
 RANK0_GRACE_SECONDS = 5.0

@@ -1,0 +1,100 @@
+"""`thrifty tune`: search the cost levers for the configuration with the lowest cost per token.
+
+Registering only builds the parser; the handler imports the search (and torch) when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from thrifty.commands.training import add_set_option
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `tune` to the `thrifty` command line."""
+    parser = subparsers.add_parser(
+        "tune",
+        help="search precision, activation checkpointing, micro-batch, torch.compile and "
+        "data-loader workers for the lowest cost per token",
+        description="Run short measured trials of CONFIG, each in its own process, one lever "
+        "at a time in order of impact (workers, precision, the largest micro-batch that fits "
+        "under each activation-checkpointing policy, torch.compile), at the configured "
+        "effective batch, within --budget. Prints a table of the trials, the winner (written "
+        "as a TOML file thrifty train runs as is) and the waterfall from the config as given "
+        "to the winner, lever by lever.",
+    )
+    parser.add_argument("config", metavar="CONFIG.toml")
+    parser.add_argument(
+        "--budget",
+        default="10m",
+        metavar="TIME",
+        help="time for the whole search, e.g. 90s, 10m, 1h (default 10m); candidates it "
+        "leaves no time for are listed as not reached",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=20,
+        metavar="N",
+        help="optimizer steps per trial (default 20; the first, and with torch.compile the "
+        "first 3, are warm-up and not measured)",
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="where the trials and winner.toml go (default runs/tune-<config>)",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace what an earlier tune left in --out"
+    )
+    parser.add_argument(
+        "--instance",
+        metavar="NAME",
+        help="catalog instance to price the job on (default: the config's [cost] section)",
+    )
+    parser.add_argument(
+        "--levers",
+        metavar="L,L,...",
+        help="levers to search (default all): workers, precision, micro, checkpointing, compile",
+    )
+    parser.add_argument(
+        "--micro",
+        metavar="auto|N,N,...",
+        help="micro-batch sizes to try (divisors of the effective batch) instead of auto, "
+        "the largest that fits",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_set_option(parser)
+    parser.set_defaults(handler=run_tune_command)
+
+
+def run_tune_command(args: argparse.Namespace) -> int:
+    """Tune, print the report (whatever trials finished) and, when no trial found a winner,
+    raise the one line that says why (exit code 2)."""
+    from thrifty.config import parse_set_args
+    from thrifty.errors import ThriftyError
+    from thrifty.plan.report import to_json
+    from thrifty.tune.report import print_report, result_dict
+    from thrifty.tune.session import make_plan, read_given, run_tune
+
+    given = read_given(args.config, parse_set_args(args.overrides))
+    plan = make_plan(
+        given,
+        args.config,
+        out=args.out,
+        budget=args.budget,
+        steps=args.steps,
+        levers=args.levers,
+        micro=args.micro,
+        instance=args.instance,
+        overwrite=args.overwrite,
+    )
+    result = run_tune(plan)
+    if any(t.status != "stopped" for t in result.trials):
+        if args.json:
+            print(to_json(result_dict(result)))
+        else:
+            print_report(result)
+    if result.failure is not None:
+        raise ThriftyError(result.failure)
+    return 0

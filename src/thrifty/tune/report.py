@@ -1,0 +1,260 @@
+"""What `thrifty tune` prints and writes: the trials table, the winner, what was not run, and
+the waterfall, as rich tables or as JSON (the same data)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from thrifty.plan.units import fmt_bytes, fmt_hours, fmt_pct
+from thrifty.tune.pricing import job_usd, usd_per_unit
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from thrifty.tune.session import TuneResult
+    from thrifty.tune.trials import Trial
+    from thrifty.tune.waterfall import Waterfall
+
+PER = {"tokens": "$/M tokens", "samples": "$/k samples"}
+MEMORY_SOURCES = {
+    "cuda": "CUDA peak allocated (the run's summary.json)",
+    "rss": "CPU: peak resident set of the trial's process (VmHWM), not a device memory",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Data
+
+
+def figures(result: TuneResult, trial: Trial) -> dict[str, Any]:
+    """A trial's cost figures: $ per million tokens (per thousand samples), and the whole
+    configured job's time (seconds) and dollars at its pace."""
+    plan, unit = result.plan, result.outcome.unit
+    seconds = plan.job.seconds(trial) if trial.ok else None
+    return {
+        "usd_per_unit": usd_per_unit(plan.price, trial.rate(unit), unit) if trial.ok else None,
+        "job_seconds": seconds,
+        "job_usd": job_usd(plan.price, seconds),
+    }
+
+
+def result_dict(result: TuneResult) -> dict[str, Any]:
+    """Everything the report shows, as data (what --json prints and tune.json holds)."""
+    plan, outcome = result.plan, result.outcome
+    best = outcome.winner
+    return {
+        "config": plan.name,
+        "out": str(plan.out),
+        "device": plan.device,
+        "budget_seconds": plan.budget_seconds,
+        "steps_per_trial": plan.steps,
+        "effective_batch": plan.space.effective,
+        "levers": list(plan.space.levers),
+        "unit": outcome.unit,
+        "per": "million tokens" if outcome.unit == "tokens" else "thousand samples",
+        "price": {
+            "source": plan.price.source,
+            "usd_per_hour": plan.price.usd_per_hour,
+            "pricing": plan.price.pricing if plan.price.priced else None,
+        },
+        "job": plan.job.describe(),
+        "trials": [{**t.to_dict(), **figures(result, t)} for t in outcome.trials],
+        "pruned": [s.to_dict() for s in outcome.skipped if s.kind == "pruned"],
+        "not_reached": [s.to_dict() for s in outcome.not_reached],
+        "baseline": outcome.baseline.name if outcome.baseline else None,
+        "winner": best.name if best else None,
+        "winner_toml": str(result.winner_toml) if result.winner_toml else None,
+        "speedup": result.speedup,
+        "waterfall": result.waterfall.to_dict() if result.waterfall else None,
+        "stopped_early": outcome.stop,
+        "failure": result.failure,
+        "wall_seconds": result.wall_seconds,
+        "notes": notes(result),
+    }
+
+
+def notes(result: TuneResult) -> list[str]:
+    plan, outcome = result.plan, result.outcome
+    lines = list(plan.space.notes)
+    sources = {t.peak_memory_source for t in outcome.trials if t.peak_memory_source}
+    lines += [f"peak memory: {MEMORY_SOURCES[s]}" for s in sorted(sources)]
+    if plan.peaks:
+        pinned = ", ".join(
+            f"{p} {t * 1e3:,.0f} GFLOP/s" for p, t in plan.peaks.items() if p != "auto"
+        )
+        lines.append(
+            f"MFU: against one CPU peak per precision for every trial, measured once ({pinned})"
+        )
+    lines.append(f"price: {plan.price.source}")
+    if plan.price.instance is not None and plan.price.gpus > 1:
+        lines.append(
+            f"the trials run one process; the price is for {plan.price.gpus} GPUs "
+            f"({plan.price.instance.name} is billed whole)"
+        )
+    lines.append(f"job: {plan.job.describe()} at each trial's pace, one process")
+    lines.append(
+        "figures: steady-state steps only (warm-up and compile excluded), "
+        f"{plan.steps} steps per trial"
+    )
+    base = outcome.baseline
+    if base is not None and not base.ok and outcome.winner is not None:
+        lines.append(f"no waterfall: the baseline {base.name} did not finish ({base.error})")
+    return lines
+
+
+# --------------------------------------------------------------------------------------------
+# Printing
+
+
+def print_report(result: TuneResult) -> None:
+    from rich.markup import escape
+
+    from thrifty.plan.report import console
+
+    out = console()
+    plan = result.plan
+    out.print(
+        escape(
+            f"thrifty tune: {plan.name} on {plan.device}, effective batch "
+            f"{plan.space.effective}, {len(result.trials)} trial(s) in "
+            f"{result.wall_seconds:.0f} s of a {plan.budget} budget"
+        ),
+        style="bold",
+    )
+    out.print(trials_table(result))
+    _print_failures(out, result)
+    _print_skipped(out, result)
+    _print_winner(out, result)
+    if result.waterfall is not None and not result.waterfall.plan.steps:
+        out.print("no lever beat the config as given: no waterfall")
+    elif result.waterfall is not None:
+        out.print(waterfall_table(result.waterfall))
+        for note in result.waterfall.plan.assumptions:
+            out.print(f"  [dim]assumed:[/dim] {escape(note)}", soft_wrap=True)
+    for note in notes(result):
+        out.print(f"  [dim]{escape(note)}[/dim]", soft_wrap=True)
+
+
+def trials_table(result: TuneResult) -> Any:
+    """One row per trial: its setting as run ("auto" values resolved), then its figures."""
+    from thrifty.plan.report import Table
+
+    unit = result.outcome.unit
+    table = Table(title="Trials (* the winner)", pad_edge=False)
+    for name in ("trial", "prec.", "ckpt", "micro", "compile", "workers"):
+        table.add_column(name, no_wrap=True)
+    priced = result.plan.price.priced
+    money = [PER[unit], "job $"] if priced else ["job time"]
+    for name in (f"{unit}/s", "peak mem", "MFU", *money):
+        table.add_column(name, justify="right", no_wrap=True)
+    for t in result.trials:
+        table.add_row(*_setting_cells(t, t is result.winner), *_figure_cells(result, t))
+    return table
+
+
+def _setting_cells(t: Trial, best: bool) -> list[str]:
+    s = t.resolved
+    policy = s.checkpointing if isinstance(s.checkpointing, str) else ",".join(s.checkpointing)
+    accum = f"x{t.accumulation_steps}" if t.accumulation_steps else ""
+    name = f"{t.name} *" if best else t.name
+    return [name, s.precision, policy, f"{s.micro}{accum}", s.compile, str(s.num_workers)]
+
+
+def _figure_cells(result: TuneResult, t: Trial) -> list[str]:
+    """Throughput, memory, MFU, then $ per unit and the job's $ (or its time, unpriced)."""
+    priced = result.plan.price.priced
+    if not t.ok:
+        return [t.status, *(["-"] * (4 if priced else 3))]
+    f = figures(result, t)
+    cells = [
+        f"{t.rate(result.outcome.unit) or 0:,.1f}",
+        fmt_bytes(t.peak_memory_bytes) if t.peak_memory_bytes else "-",
+        fmt_pct(t.mfu) if t.mfu is not None else "-",
+    ]
+    if priced:
+        return [*cells, _usd(f["usd_per_unit"]), _usd(f["job_usd"])]
+    job = f["job_seconds"]
+    return [*cells, _duration(job / 3600) if job is not None else "-"]
+
+
+def waterfall_table(w: Waterfall) -> Any:
+    from rich.markup import escape
+
+    from thrifty.plan.report import Table
+
+    money = _usd if w.unit == "USD" else _duration
+    plan = w.plan
+    table = Table(
+        title=f"From the baseline to the winner, lever by lever ({w.unit} per {plan.period})"
+    )
+    table.add_column("lever: change", no_wrap=True)
+    for column in ("before", "after", "saved", "saved %", "of baseline"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for s in plan.steps:
+        table.add_row(
+            f"{s.lever}\n  [dim]{escape(s.detail)}[/dim]",
+            money(s.before),
+            money(s.after),
+            money(s.saving),
+            fmt_pct(s.saving_pct),
+            fmt_pct(s.saving / plan.baseline),
+        )
+    table.add_row(
+        "total",
+        money(plan.baseline),
+        money(plan.final),
+        money(plan.saving),
+        fmt_pct(plan.saving_pct),
+        fmt_pct(plan.saving_pct),
+        style="bold",
+    )
+    return table
+
+
+def _print_failures(out: Console, result: TuneResult) -> None:
+    from rich.markup import escape
+
+    for t in result.trials:
+        if not t.ok:
+            line = f"  {t.name} {t.status}: {t.error} (log: {t.run_dir}/train.log)"
+            out.print(escape(line), soft_wrap=True)
+
+
+def _print_skipped(out: Console, result: TuneResult) -> None:
+    from rich.markup import escape
+
+    for s in result.outcome.skipped:
+        line = f"  {s.kind}: {s.describe()}: {s.reason}"
+        out.print(escape(line), style="dim" if s.kind == "pruned" else None, soft_wrap=True)
+
+
+def _print_winner(out: Console, result: TuneResult) -> None:
+    from rich.markup import escape
+
+    best, base, unit = result.winner, result.baseline, result.outcome.unit
+    if best is None:
+        return
+    text = f"winner: {best.name} ({best.resolved.describe()})"
+    if result.speedup is not None and base is not None:
+        text += (
+            f": {best.rate(unit) or 0:,.1f} {unit}/s, {result.speedup:.2f}x the baseline's "
+            f"{base.rate(unit) or 0:,.1f}"
+        )
+    out.print(escape(text), style="bold", soft_wrap=True)
+    if result.winner_toml is not None:
+        out.print(
+            escape(f"  written to {result.winner_toml}: thrifty train {result.winner_toml}"),
+            soft_wrap=True,
+        )
+
+
+def _usd(value: float | None) -> str:
+    """Dollars with three significant figures below $10 (a cent is too coarse per token)."""
+    if value is None:
+        return "-"
+    return f"${value:,.3g}" if abs(value) < 10 else f"${value:,.2f}"
+
+
+def _duration(hours: float) -> str:
+    """Seconds below a minute, else the planner's minutes and hours."""
+    return f"{hours * 3600:.1f} s" if hours < 1 / 60 else fmt_hours(hours)

@@ -1,0 +1,253 @@
+"""The search: the config as given, then one lever at a time from the best setting so far,
+in the seeds' order of impact, skipping what cannot win, within a budget.
+
+Stages (each only for the levers searched): workers (the measured count, when the config
+fixes one), precision, micro (the largest micro-batch that fits under each checkpointing
+policy, lightest first), compile (default, then max-autotune). A stage's best trial, when it
+beats the best so far, is where the next stage starts; the best trial at the end is the winner.
+The lowest cost per token at one price is the highest tokens per second (samples without
+tokens), so trials are ranked by throughput.
+
+Pruned, because it cannot win:
+  * fp16 once bf16 ran: the same tensor-core peak, plus loss scaling;
+  * a micro-batch no larger than one that already fits under the same or a lighter policy:
+    no larger batch for as much recompute or more;
+  * a micro-batch at least as large as one that ran out of memory under the same policy;
+  * max-autotune once the default compile mode failed.
+Not reached: a candidate that needs more time than the budget has left (its estimate is the
+shortest finished trial like it; max-autotune's is twice the default mode's).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from thrifty.tune.space import AUTO, Setting, Space, policy_rank
+from thrifty.tune.trials import Candidate, Runner, Trial
+
+STAGES = ("workers", "precision", "micro", "compile")
+MAX_AUTOTUNE_FACTOR = 2.0  # its autotuning compiles for longer than the default mode
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A candidate not run: `kind` "pruned" (it cannot win) or "not reached" (the budget)."""
+
+    stage: str
+    setting: Setting
+    kind: str
+    reason: str
+
+    def describe(self) -> str:
+        """The values it would have tried: "checkpointing all, micro auto"."""
+        return changed_values(self.stage, self.setting)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "setting": self.setting.config_values(),
+            "kind": self.kind,
+            "reason": self.reason,
+        }
+
+
+@dataclass(slots=True)
+class Outcome:
+    """Every trial in the order run, what was skipped, and the path: the trial that was best
+    after each stage that improved on the one before (the baseline first, when it finished).
+    `stop` says why the search ended early, if it did."""
+
+    trials: list[Trial] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    path: list[Trial] = field(default_factory=list)
+    stop: str | None = None
+
+    @property
+    def baseline(self) -> Trial | None:
+        return self.trials[0] if self.trials else None
+
+    @property
+    def unit(self) -> str:
+        """ "tokens" when the task counts tokens, else "samples"."""
+        return "tokens" if any(t.ok and t.tokens_per_second for t in self.trials) else "samples"
+
+    @property
+    def winner(self) -> Trial | None:
+        return self.path[-1] if self.path else None
+
+    @property
+    def not_reached(self) -> list[Skipped]:
+        return [s for s in self.skipped if s.kind == "not reached"]
+
+
+class Search:
+    """Runs the search over `space` from `baseline` (the config as given) with `runner`,
+    ending by `deadline` (seconds on `clock`); `on_trial` hears of each trial as it ends."""
+
+    def __init__(
+        self,
+        space: Space,
+        baseline: Setting,
+        runner: Runner,
+        deadline: float,
+        clock: Callable[[], float] = time.monotonic,
+        on_trial: Callable[[Trial], None] = lambda trial: None,
+    ) -> None:
+        self.space, self.baseline, self.runner = space, baseline, runner
+        self.deadline, self.clock, self.on_trial = deadline, clock, on_trial
+        self.incumbent = baseline
+        self.outcome = Outcome()
+
+    def run(self) -> Outcome:
+        first = self._trial("baseline", self.baseline)
+        self._advance()
+        if first.failure == "bad_input":
+            self.outcome.stop = "the config as given fails: every trial would fail alike"
+            return self.outcome
+        for stage in STAGES:
+            for setting in self._candidates(stage):
+                self._consider(stage, setting)
+            self._advance()
+        return self.outcome
+
+    # --- candidates ------------------------------------------------------------------------
+
+    def _candidates(self, stage: str) -> list[Setting]:
+        """The settings `stage` tries from the best so far, those already run left out."""
+        s, space = self.incumbent, self.space
+        options: list[Setting] = []
+        if stage == "workers" and space.searches("workers") and self.baseline.num_workers != AUTO:
+            options = [s.with_(num_workers=AUTO)]
+        elif stage == "precision":
+            options = [s.with_(precision=p) for p in space.precisions]
+        elif stage == "micro":
+            policies = space.policies or (s.checkpointing,)
+            micros = space.micros or (s.micro,)
+            options = [s.with_(checkpointing=c, micro=m) for c in policies for m in micros]
+        elif stage == "compile":
+            options = [s.with_(compile=mode) for mode in space.compile_modes]
+        return [o for o in options if not self._seen(o)]
+
+    def _seen(self, setting: Setting) -> bool:
+        if setting == self.incumbent:
+            return True
+        return any(setting in (t.setting, t.resolved) for t in self.outcome.trials)
+
+    def _consider(self, stage: str, setting: Setting) -> None:
+        """Run `setting` unless it cannot win or the budget has no time for it."""
+        why = self._pruned(stage, setting)
+        if why is not None:
+            self.outcome.skipped.append(Skipped(stage, setting, "pruned", why))
+            return
+        left = self.deadline - self.clock()
+        need = self._estimate(setting)
+        if left <= 0 or left < need:
+            reason = (
+                "the budget ran out"
+                if left <= 0
+                else f"needs about {need:.0f} s, {left:.0f} s left"
+            )
+            self.outcome.skipped.append(Skipped(stage, setting, "not reached", reason))
+            return
+        self._trial(stage, setting)
+
+    def _trial(self, stage: str, setting: Setting) -> Trial:
+        name = f"{len(self.outcome.trials):02d}-{stage}"  # the table shows what it sets
+        trial = self.runner(Candidate(name, stage, setting), self.deadline)
+        self.outcome.trials.append(trial)
+        self.on_trial(trial)
+        return trial
+
+    def _advance(self) -> None:
+        """Start the next stage from the best trial so far, if it is a new one."""
+        unit = self.outcome.unit
+        finished = [t for t in self.outcome.trials if t.ok]
+        if not finished:
+            return
+        best = max(finished, key=lambda t: t.rate(unit) or 0.0)
+        if not self.outcome.path or best is not self.outcome.path[-1]:
+            self.outcome.path.append(best)
+            self.incumbent = best.resolved
+
+    # --- what cannot win, and what does not fit in the budget -------------------------------
+
+    def _pruned(self, stage: str, s: Setting) -> str | None:
+        trials = self.outcome.trials
+        if stage == "precision" and s.precision == "fp16":
+            bf16 = next((t for t in trials if t.ok and t.resolved.precision == "bf16"), None)
+            if bf16 is not None:
+                return f"fp16 runs at bf16's peak and adds loss scaling: it cannot beat {bf16.name}"
+        if stage == "micro":
+            return self._micro_pruned(s)
+        if stage == "compile" and s.compile == "max-autotune":
+            for t in trials:
+                if t.setting.compile == "default" and t.status == "failed":
+                    if _same_except(t.resolved, s, "compile"):
+                        return f"torch.compile failed in default mode ({t.name}: {t.error})"
+        return None
+
+    def _micro_pruned(self, s: Setting) -> str | None:
+        size = self.space.effective if s.micro == AUTO else s.micro
+        for t in self.outcome.trials:
+            r = t.resolved
+            if not _same_except(r, s, "micro", "checkpointing"):
+                continue
+            same_policy = r.checkpointing == s.checkpointing
+            fits = t.ok and isinstance(r.micro, int) and isinstance(size, int) and r.micro >= size
+            if fits and same_policy:
+                return f"micro-batch {r.micro} already fits ({t.name})"
+            if fits and _lighter(r.checkpointing, s.checkpointing):
+                return (
+                    f"checkpointing {r.checkpointing} already fits micro-batch {r.micro} "
+                    f"({t.name}): more recompute cannot win"
+                )
+            if t.failure == "oom" and same_policy and _no_smaller(r.micro, s.micro):
+                return f"micro-batch {r.micro} ran out of memory under this policy ({t.name})"
+        return None
+
+    def _estimate(self, s: Setting) -> float:
+        """Seconds the trial needs at least: the shortest finished trial like it."""
+        done = [t for t in self.outcome.trials if t.status != "stopped"]
+        like = [t for t in done if t.setting.compile == s.compile]
+        like = [t for t in like if t.ok] or like
+        if like:
+            return min(t.wall_seconds for t in like)
+        if s.compile == "max-autotune":
+            default = [t.wall_seconds for t in done if t.ok and t.setting.compile == "default"]
+            if default:
+                return MAX_AUTOTUNE_FACTOR * min(default)
+        return min((t.wall_seconds for t in done), default=0.0)
+
+
+def changed_values(stage: str, s: Setting) -> str:
+    """What `stage` varies, as `s` sets it."""
+    if stage == "workers":
+        return f"workers {s.num_workers}"
+    if stage == "precision":
+        return f"precision {s.precision}"
+    if stage == "compile":
+        return f"compile {s.compile}"
+    policy = s.checkpointing if isinstance(s.checkpointing, str) else ",".join(s.checkpointing)
+    return f"checkpointing {policy}, micro {s.micro}"
+
+
+def _same_except(a: Setting, b: Setting, *fields: str) -> bool:
+    keep = ("precision", "checkpointing", "micro", "compile", "num_workers")
+    return all(getattr(a, f) == getattr(b, f) for f in keep if f not in fields)
+
+
+def _lighter(a: Any, b: Any) -> bool:
+    """Policy `a` recomputes no more than `b` (custom policies compare with nothing)."""
+    ra, rb = policy_rank(a), policy_rank(b)
+    return ra is not None and rb is not None and ra <= rb
+
+
+def _no_smaller(failed: int | str, candidate: int | str) -> bool:
+    """A candidate micro-batch that cannot fit where `failed` did not: any, once "the largest
+    that fits" found none; a size at least as large otherwise."""
+    if failed == AUTO:
+        return True
+    return isinstance(failed, int) and isinstance(candidate, int) and candidate >= failed

@@ -1,0 +1,336 @@
+"""A tune from start to end: check everything up front, prepare --out, run the search, and
+write what it found.
+
+--out holds trial.toml (what every trial starts from), trials/NN-NAME/ (each trial's run and
+its train.log), tune.json (rewritten after every trial, so the finished ones are kept
+whatever happens next) and, when a trial finished, winner.toml.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from thrifty.commands.common import prepare_out, refuse_file, say
+from thrifty.config import (
+    HISTORY_TABLE,
+    TrainConfig,
+    apply_overrides,
+    dump_toml,
+    load_config,
+    parse_duration,
+    toml_loads,
+)
+from thrifty.errors import ConfigError, ThriftyError
+from thrifty.run.directory import write_json
+from thrifty.tune.configs import trial_config, winner_config
+from thrifty.tune.pricing import Job, Price, price_for
+from thrifty.tune.search import Outcome, Search
+from thrifty.tune.space import (
+    Setting,
+    Space,
+    build_space,
+    hardware_precisions,
+    parse_levers,
+    parse_micro,
+)
+from thrifty.tune.trials import Candidate, ChildTrials, Runner, Trial, cpu_peaks
+from thrifty.tune.waterfall import Waterfall, waterfall
+
+DEFAULT_BUDGET = "10m"
+DEFAULT_STEPS = 20
+FINISH_SECONDS = 1.0  # kept from the budget to write the report once the last trial ends
+# What an earlier tune leaves in --out; --overwrite replaces these and nothing else.
+OUT_FILES = ("tune.json", "winner.toml", "trial.toml", "trials")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TunePlan:
+    """Everything a tune needs, checked. `given` is the config as given (TOML data: the
+    baseline, and where the winner starts from); `started` is when the tune began
+    (time.monotonic seconds), from which the budget counts."""
+
+    name: str
+    given: dict[str, Any]
+    config: TrainConfig
+    out: Path
+    budget: str
+    budget_seconds: float
+    steps: int
+    space: Space
+    device: str
+    price: Price
+    instance: str | None
+    overwrite: bool
+    env: dict[str, str]
+    interface: str = "cli"  # "cli" or "api": which names messages use
+    peaks: dict[str, float] | None = None  # TFLOP/s per precision, pinned for every trial
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def baseline(self) -> Setting:
+        return Setting.of(self.config)
+
+    @property
+    def job(self) -> Job:
+        return Job.of(self.config.run)
+
+    def option(self, flag: str) -> str:
+        return option(flag, self.interface)
+
+
+@dataclass(slots=True, kw_only=True)
+class TuneResult:
+    """The trials (in the order run), what was skipped, and the winner.
+
+    `winner_config` is the winning configuration (also written to `winner_toml`);
+    `failure` is the one-line reason no winner was found, None when one was.
+    """
+
+    plan: TunePlan
+    outcome: Outcome
+    waterfall: Waterfall | None = None
+    winner_config: TrainConfig | None = None
+    winner_toml: Path | None = None
+    failure: str | None = None
+    wall_seconds: float = 0.0
+
+    @property
+    def trials(self) -> list[Trial]:
+        return self.outcome.trials
+
+    @property
+    def baseline(self) -> Trial | None:
+        return self.outcome.baseline
+
+    @property
+    def winner(self) -> Trial | None:
+        return self.outcome.winner
+
+    @property
+    def speedup(self) -> float | None:
+        """The winner's throughput over the baseline's, None when either did not finish."""
+        base, best, unit = self.baseline, self.winner, self.outcome.unit
+        if base is None or best is None or not base.ok or not base.rate(unit):
+            return None
+        return (best.rate(unit) or 0.0) / (base.rate(unit) or 1.0)
+
+
+def option(flag: str, interface: str) -> str:
+    """How a message names an option: "--budget" on the command line, "budget" in Python."""
+    return flag if interface == "cli" else flag.removeprefix("--").replace("-", "_")
+
+
+def read_given(
+    path: str | os.PathLike[str], overrides: Iterable[tuple[str, Any]] = ()
+) -> dict[str, Any]:
+    """A config file's own TOML data with `section.key` overrides: the config as given.
+    (`load_config` reads it the same way, defaults filled in; the winner keeps only what the
+    file says.)"""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    try:
+        data = toml_loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
+    data.pop(HISTORY_TABLE, None)
+    return apply_overrides(data, overrides)
+
+
+def make_plan(
+    given: dict[str, Any],
+    name: str,
+    *,
+    out: str | os.PathLike[str] | None = None,
+    budget: str | float = DEFAULT_BUDGET,
+    steps: int = DEFAULT_STEPS,
+    levers: str | Sequence[str] | None = None,
+    micro: str | Sequence[int] | None = None,
+    instance: str | None = None,
+    overwrite: bool = False,
+    env: Mapping[str, str] | None = None,
+    interface: str = "cli",
+) -> TunePlan:
+    """Check every input before any trial runs; the budget counts from here. `name` is what
+    the report calls the config (its path); the other arguments are the command's options."""
+    started = time.monotonic()
+    opt = functools.partial(option, interface=interface)
+    seconds = parse_duration(budget, opt("--budget"))
+    if steps < 2:
+        raise ConfigError(
+            f"{opt('--steps')} {steps} is invalid: the first step is warm-up and not measured; "
+            f"give 2 or more (e.g. {opt('--steps')} {DEFAULT_STEPS})"
+        )
+    config = TrainConfig.from_dict(given)
+    chosen = parse_levers(levers, opt("--levers"))
+    sizes = parse_micro(micro, opt("--micro"))
+    if sizes is not None and "micro" not in chosen:
+        raise ConfigError(
+            f"{opt('--micro')} gives micro-batch sizes but {opt('--levers')} leaves out micro: "
+            "add it to the levers"
+        )
+    price = price_for(config.cost, instance, opt("--instance"))
+    device, precisions, left_out = hardware_precisions(config.run.device)
+    space = build_space(
+        config,
+        levers=chosen,
+        precisions=precisions,
+        micro_sizes=sizes,
+    )
+    if left_out and "precision" in chosen:
+        space.notes.append(left_out)
+    from thrifty.measure.peak import PEAK_ENV  # here: the module loads torch
+
+    peaks = None
+    if device == "cpu" and config.measure.peak_tflops is None and not os.environ.get(PEAK_ENV):
+        peaks = cpu_peaks(space.precisions, config.precision.mode)
+    return TunePlan(
+        name=name,
+        given=given,
+        config=config,
+        out=Path(out) if out else Path("runs") / f"tune-{Path(name).stem}",
+        budget=str(budget),
+        budget_seconds=seconds,
+        steps=steps,
+        space=space,
+        device=device,
+        price=price,
+        instance=instance,
+        overwrite=overwrite,
+        env=dict(os.environ if env is None else env),
+        interface=interface,
+        peaks=peaks,
+        started=started,
+    )
+
+
+def run_tune(
+    plan: TunePlan,
+    runner: Runner | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> TuneResult:
+    """Search, then write winner.toml and tune.json. `runner` and `clock` replace the trial
+    processes and the time (tests); the budget then counts from the first call to `clock`."""
+    from thrifty.tune.report import result_dict
+
+    prepare(plan)
+    trial_toml = plan.out / "trial.toml"
+    effective = plan.space.effective
+    trial_toml.write_text(dump_toml(trial_config(plan.given, plan.steps, effective)))
+    if runner is None:
+        runner = ChildTrials(trial_toml, plan.out, plan.steps, plan.baseline, plan.env, plan.peaks)
+        start = plan.started
+    else:
+        start = clock()
+    result = TuneResult(plan=plan, outcome=Outcome())
+
+    def announced(candidate: Candidate, deadline: float) -> Trial:
+        say("tune", f"{candidate.name}: {candidate.setting.describe()} ...")
+        return runner(candidate, deadline)
+
+    def written(trial: Trial) -> None:
+        _announce(trial, result.outcome.unit)
+        write_json(plan.out / "tune.json", result_dict(result))
+
+    search = Search(
+        plan.space,
+        plan.baseline,
+        announced,
+        deadline=start + plan.budget_seconds - FINISH_SECONDS,
+        clock=clock,
+        on_trial=written,
+    )
+    result.outcome = search.outcome
+    search.run()
+    result.waterfall = waterfall(
+        result.outcome, plan.job, plan.price, plan.config.checkpoint.interruption_rate
+    )
+    _write_winner(result)
+    result.failure = failure(result)
+    result.wall_seconds = clock() - start
+    write_json(plan.out / "tune.json", result_dict(result))
+    return result
+
+
+def prepare(plan: TunePlan) -> None:
+    """Refuse an --out an earlier tune wrote unless overwriting, which replaces only that."""
+    out = plan.out
+    refuse_file(out)
+    present = [out / name for name in OUT_FILES if (out / name).exists()]
+    if present and not plan.overwrite:
+        raise ThriftyError(
+            f"{plan.option('--out')} {out} already holds {present[0].name} from an earlier "
+            f"tune: choose another {plan.option('--out')}, or replace it with "
+            f"{plan.option('--overwrite')}"
+        )
+    for path in present:
+        say("tune", f"replacing {path} ({plan.option('--overwrite')})")
+    prepare_out(out, present)
+
+
+def _announce(trial: Trial, unit: str) -> None:
+    if trial.ok:
+        figure = f"{trial.rate(unit) or 0:,.1f} {unit}/s at micro-batch {trial.micro_batch}"
+    else:
+        figure = f"{trial.status}: {trial.error}"
+    say("tune", f"{trial.name}: {figure} ({trial.wall_seconds:.0f} s)")
+
+
+def _write_winner(result: TuneResult) -> None:
+    plan, best = result.plan, result.winner
+    if best is None:
+        return
+    cost = None
+    if plan.instance is not None and plan.price.cost is not None:
+        c = plan.price.cost
+        cost = {"instance": c.instance, "pricing": c.pricing, "gpus": c.gpus, "catalog": c.catalog}
+    data = winner_config(plan.given, best.resolved, plan.space.effective, cost)
+    path = plan.out / "winner.toml"
+    path.write_text(_HEADER.format(name=best.name) + dump_toml(data))
+    try:
+        result.winner_config = load_config(path)
+    except ConfigError as exc:  # the values came from runs that took them: a bug if not
+        raise ThriftyError(f"the winner's config {path} does not load: {exc}") from None
+    result.winner_toml = path
+
+
+_HEADER = "# Written by thrifty tune: the config as given with the settings of trial {name}.\n"
+
+
+def failure(result: TuneResult) -> str | None:
+    """One line saying why there is no winner, None when there is one."""
+    outcome, plan = result.outcome, result.plan
+    if outcome.winner is not None:
+        return None
+    trials = outcome.trials
+    base = trials[0]  # the search always runs the baseline
+    if all(t.status == "stopped" for t in trials):
+        return (
+            f"{plan.option('--budget')} {plan.budget} is too small for even one trial: the "
+            f"baseline was stopped after {base.wall_seconds:.0f} s; give more time (e.g. "
+            f"{plan.option('--budget')} {DEFAULT_BUDGET})"
+        )
+    at_one = next((t for t in trials if t.out_of_memory_at_one), None)
+    if at_one is not None and all(t.failure in ("oom", "budget") for t in trials):
+        return (
+            f"every trial ran out of memory, even at micro-batch 1: {at_one.error} (logs in "
+            f"{plan.out / 'trials'})"
+        )
+    if outcome.stop is not None:
+        return (
+            f"the baseline (the config as given) failed: {base.error} (log: "
+            f"{base.run_dir}/train.log); no other trial was started: each would fail alike"
+        )
+    first = next(t for t in trials if t.status == "failed")
+    return (
+        f"every trial failed; the first, {first.name}: {first.error} "
+        f"(log: {first.run_dir}/train.log)"
+    )
