@@ -37,7 +37,7 @@ _EXPORTS = {
     "EpochSampler": "thrifty.levers.data_loading",
     "LoaderSettings": "thrifty.levers.data_loading",
     "EarlyStopping": "thrifty.levers.early_stopping",
-    "tune": "thrifty.tune",
+    "tune": "thrifty.tuning",
     "ThriftyError": "thrifty.errors",
     "ConfigError": "thrifty.errors",
 }

@@ -74,8 +74,8 @@ def run_tune_command(args: argparse.Namespace) -> int:
     from thrifty.config import parse_set_args
     from thrifty.errors import ThriftyError
     from thrifty.plan.report import to_json
-    from thrifty.tune.report import print_report, result_dict
-    from thrifty.tune.session import make_plan, read_given, run_tune
+    from thrifty.tuning.report import print_report, result_dict
+    from thrifty.tuning.session import make_plan, read_given, run_tune
 
     given = read_given(args.config, parse_set_args(args.overrides))
     plan = make_plan(

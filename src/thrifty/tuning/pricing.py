@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from thrifty.config import RunConfig
     from thrifty.plan.catalog import Instance
     from thrifty.plan.spot import SpotPlan
-    from thrifty.tune.trials import Trial
+    from thrifty.tuning.trials import Trial
 
 _COUNT = 10**9  # tokens (or samples) the meter is asked about: large enough to round nothing
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from thrifty.config import apply_overrides
-from thrifty.tune.space import Setting
+from thrifty.tuning.space import Setting
 
 # Every budget but max_steps, and where the run would go: the trial sets those.
 _RUN_KEYS_DROPPED = ("out", "overwrite", "max_time", "max_tokens", "max_epochs")

@@ -16,9 +16,9 @@ from typing import Any
 
 from thrifty.plan.levers import LeverInputs, LeverPlan, LeverStep, apply_levers
 from thrifty.plan.spot import SpotPlan
-from thrifty.tune.pricing import Job, Price, spot_plan
-from thrifty.tune.search import Outcome
-from thrifty.tune.trials import Trial
+from thrifty.tuning.pricing import Job, Price, spot_plan
+from thrifty.tuning.search import Outcome
+from thrifty.tuning.trials import Trial
 
 # The planner's name for each stage's lever.
 LEVER_NAMES = {

@@ -1,7 +1,7 @@
 """Search the cost levers for the configuration with the lowest cost per token.
 
 `thrifty tune CONFIG.toml` on the command line, `thrifty.tune(model_factory, data, config)` in
-Python: short measured trials, each in its own process, in the seeds' order of impact
+Python (`thrifty.tuning.tune`): short measured trials, each in its own process, in the seeds' order of impact
 (precision, the micro-batch activation checkpointing makes room for, torch.compile, with the
 data-loader workers measured first), within a time budget.
 
@@ -16,22 +16,7 @@ data-loader workers measured first), within a time budget.
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
-
-from thrifty.tune.api import TuneFailed, tune
-from thrifty.tune.session import TuneResult
+from thrifty.tuning.api import TuneFailed, tune
+from thrifty.tuning.session import TuneResult
 
 __all__ = ["TuneFailed", "TuneResult", "tune"]
-
-
-class _CallablePackage(types.ModuleType):
-    """`thrifty.tune` names both this package and its function. Once a submodule is imported,
-    the attribute `thrifty.tune` is this package, so calling the package calls `tune`."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> TuneResult:
-        return tune(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallablePackage

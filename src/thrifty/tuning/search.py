@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from thrifty.tune.space import AUTO, Setting, Space, policy_rank
-from thrifty.tune.trials import Candidate, Runner, Trial
+from thrifty.tuning.space import AUTO, Setting, Space, policy_rank
+from thrifty.tuning.trials import Candidate, Runner, Trial
 
 STAGES = ("workers", "precision", "micro", "compile")
 MAX_AUTOTUNE_FACTOR = 2.0  # its autotuning compiles for longer than the default mode

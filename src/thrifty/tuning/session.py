@@ -28,10 +28,10 @@ from thrifty.config import (
 )
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.run.directory import write_json
-from thrifty.tune.configs import trial_config, winner_config
-from thrifty.tune.pricing import Job, Price, price_for
-from thrifty.tune.search import Outcome, Search
-from thrifty.tune.space import (
+from thrifty.tuning.configs import trial_config, winner_config
+from thrifty.tuning.pricing import Job, Price, price_for
+from thrifty.tuning.search import Outcome, Search
+from thrifty.tuning.space import (
     Setting,
     Space,
     build_space,
@@ -39,8 +39,8 @@ from thrifty.tune.space import (
     parse_levers,
     parse_micro,
 )
-from thrifty.tune.trials import Candidate, ChildTrials, Runner, Trial, cpu_peaks
-from thrifty.tune.waterfall import Waterfall, waterfall
+from thrifty.tuning.trials import Candidate, ChildTrials, Runner, Trial, cpu_peaks
+from thrifty.tuning.waterfall import Waterfall, waterfall
 
 DEFAULT_BUDGET = "10m"
 DEFAULT_STEPS = 20
@@ -219,7 +219,7 @@ def run_tune(
 ) -> TuneResult:
     """Search, then write winner.toml and tune.json. `runner` and `clock` replace the trial
     processes and the time (tests); the budget then counts from the first call to `clock`."""
-    from thrifty.tune.report import result_dict
+    from thrifty.tuning.report import result_dict
 
     prepare(plan)
     trial_toml = plan.out / "trial.toml"

@@ -10,7 +10,7 @@ from typing import Any
 
 from thrifty.config import TrainConfig
 from thrifty.errors import ConfigError, ThriftyError
-from thrifty.tune.session import DEFAULT_BUDGET, DEFAULT_STEPS, TuneResult, make_plan, run_tune
+from thrifty.tuning.session import DEFAULT_BUDGET, DEFAULT_STEPS, TuneResult, make_plan, run_tune
 
 
 class TuneFailed(ThriftyError):
@@ -81,7 +81,7 @@ def tune(
 
 def _given(config: TrainConfig | Mapping[str, Any] | str | os.PathLike[str]) -> tuple[dict, str]:
     """The config as given (TOML data) and the name the report uses for it."""
-    from thrifty.tune.session import read_given
+    from thrifty.tuning.session import read_given
 
     if isinstance(config, TrainConfig):
         data = config.to_dict(secrets=False)

@@ -6,14 +6,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from thrifty.plan.units import fmt_bytes, fmt_hours, fmt_pct
-from thrifty.tune.pricing import job_usd, usd_per_unit
+from thrifty.tuning.pricing import job_usd, usd_per_unit
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from thrifty.tune.session import TuneResult
-    from thrifty.tune.trials import Trial
-    from thrifty.tune.waterfall import Waterfall
+    from thrifty.tuning.session import TuneResult
+    from thrifty.tuning.trials import Trial
+    from thrifty.tuning.waterfall import Waterfall
 
 PER = {"tokens": "$/M tokens", "samples": "$/k samples"}
 MEMORY_SOURCES = {

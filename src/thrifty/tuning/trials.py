@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.commands.children import Child, Children
-from thrifty.tune.space import Setting
+from thrifty.tuning.space import Setting
 
 POLL_SECONDS = 0.1
 # With torch.compile the Trainer leaves the first 3 steps out of its figures (1 without).
