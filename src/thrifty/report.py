@@ -166,3 +166,21 @@ def show_result(result: Any, diagnosis: Any) -> None:
             f"thrifty: preempted at step {result.steps}; checkpoint saved, run the same command "
             f"to resume (exit code {EXIT_PREEMPTED})"
         )
+
+
+def log_setup(dist: Any, precision: Any, blocks: list[str], micro: int, accumulation: int) -> None:
+    """The set-up's lines: processes, precision and why, checkpointed blocks, the batch."""
+    log = logging.getLogger("thrifty")
+    if dist.enabled:
+        log.info(dist.describe())
+    log.info("precision: %s (%s)", precision.name, precision.reason)
+    if blocks:
+        log.info("activation checkpointing: %d blocks (%s)", len(blocks), ", ".join(blocks))
+    processes = f" × {dist.world_size} processes" if dist.enabled else ""
+    log.info(
+        "batch: micro %d × %d accumulation steps%s = effective %d",
+        micro,
+        accumulation,
+        processes,
+        micro * accumulation * dist.world_size,
+    )

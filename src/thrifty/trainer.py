@@ -37,28 +37,20 @@ from thrifty.levers.batching import TrainBatches
 from thrifty.levers.compile import compile_model
 from thrifty.levers.data_loading import UntilStop
 from thrifty.levers.early_stopping import EarlyStopping
-from thrifty.levers.micro_batch import (
-    MicroSearch,
-    Snapshot,
-    find_micro,
-    free_memory,
-    out_of_memory_message,
-    scaled_count,
-    split_window,
-)
+from thrifty.levers.micro_batch import Halving, MicroSearch, measure_micro, scaled_count
 from thrifty.levers.optimizer import OptimizerArg, make_optimizer
 from thrifty.levers.precision import LossScaler, Precision, resolve_precision
 from thrifty.levers.schedule import schedule_horizon, scheduler_for
 from thrifty.measure import instruments
 from thrifty.measure.monitor import RunMonitor
 from thrifty.measure.timing import NullTimer, maybe_trace
-from thrifty.report import console_for_api, show_result
+from thrifty.report import console_for_api, log_setup, show_result
 from thrifty.run.budget import Budget
 from thrifty.run.checkpointer import Layout, RunCheckpointer, Stateful
 from thrifty.run.evaluation import validation_loss
 from thrifty.run.guard import RunGuard, guarded_step
 from thrifty.run.rng import seed_everything
-from thrifty.run.state import FitResult, TrainState
+from thrifty.run.state import FitResult, RunClock, TrainState
 from thrifty.run.summary import fit_result, write_outputs
 from thrifty.run.watch import RunWatch
 from thrifty.strategies import make_strategy
@@ -132,15 +124,9 @@ class Trainer:
         self.effective_batch = cfg.batch.effective or self.micro * dist.world_size
         self.accumulation = cfg.batch.accumulation_steps(dist.world_size, self.micro)
         self.micro_search: MicroSearch | None = None
-        self._halvings = 0  # out-of-memory errors survived: each halved the micro-batch
         self.strategy = make_strategy(dist)
-        self.strategy.check(self.precision, isinstance(optimizer, torch.optim.Optimizer))
-        if auto and self.strategy.sharded:
-            raise ConfigError(
-                "batch.micro = 'auto' is not supported with distributed.strategy = fsdp: set "
-                "batch.micro to a number (the largest that fits under ddp or one process is a "
-                "safe start)"
-            )
+        given = isinstance(optimizer, torch.optim.Optimizer)
+        self.strategy.check(self.precision, optimizer_given=given, auto_micro=auto)
         # The same seed everywhere built the same initial weights; from here on each rank
         # draws its own random numbers (dropout), and rank 0 those of a single process.
         seed_everything(cfg.run.seed + dist.rank)
@@ -174,6 +160,7 @@ class Trainer:
         )
         if auto:
             self._find_micro(wrapped, train_data, collate_fn)
+        self.halving = Halving(self.micro, self.device)  # out-of-memory errors survived
         self.batches = TrainBatches(
             train_data,
             cfg,
@@ -206,72 +193,49 @@ class Trainer:
         )
         self.watch = RunWatch(cfg, dist, self.checkpointer, self.budget)
         self.parts = parts
-        self._describe()
+        log_setup(
+            self.dist, self.precision, self.checkpointed_blocks, self.micro, self.accumulation
+        )
 
     def _find_micro(
         self, wrapped: nn.Module, data: Dataset, collate_fn: Callable[[list[Any]], Any] | None
     ) -> None:
-        """batch.micro = "auto": the largest micro-batch whose real step fits on every rank;
-        the accumulation makes up the effective batch. The trial steps leave no trace."""
+        """batch.micro = "auto": measured, then the accumulation makes up the effective batch."""
         world = self.dist.world_size
         if self.effective_batch % world:
             raise ConfigError(
                 f"batch.effective = {self.effective_batch} is invalid: must be a multiple of "
                 f"the world size ({world}) with batch.micro = 'auto'"
             )
-        collate = collate_fn or default_collate
-        size = len(data)  # type: ignore[arg-type]  # map-style: checked by check_inputs
 
-        def step(micro: int) -> None:
-            batch = to_device(collate([data[i] for i in range(micro)]), self.device)
+        def call(batch: Any) -> torch.Tensor:
             with self.strategy.grad_sync(False), self.precision.autocast():
-                loss = call_model(wrapped, batch, self.loss_fn)
-            loss.backward()
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+                return call_model(wrapped, batch, self.loss_fn)
 
-        def agree(fits: bool) -> bool:
-            return not self.dist.any_of(not fits)[0]
-
-        per_rank = min(self.effective_batch // world, size)
-        try:
-            with Snapshot(self.model, self.optimizer):
-                search = find_micro(
-                    step, per_rank, self.device, self.config.batch.memory_margin, agree
-                )
-        except torch.OutOfMemoryError as exc:
-            raise ThriftyError(out_of_memory_message(str(exc), self.device)) from None
-        per_micro = self.flops
+        search = measure_micro(
+            self.model,
+            self.optimizer,
+            data,
+            collate_fn or default_collate,
+            call,
+            device=self.device,
+            per_rank=min(self.effective_batch // world, len(data)),  # type: ignore[arg-type]  # map-style: checked by check_inputs
+            margin=self.config.batch.memory_margin,
+            agree=lambda fits: not self.dist.any_of(not fits)[0],
+        )
         self.micro, self.micro_search = search.chosen, search
         self.accumulation = self.config.batch.accumulation_steps(world, self.micro)
-        if per_micro is not None:  # counted on one sample: FLOPs and activations scale with it
-            self.flops = scaled_count(per_micro, self.micro)
-        log.info(search.describe())
+        if self.flops is not None:  # counted on one sample: FLOPs and activations scale with it
+            self.flops = scaled_count(self.flops, self.micro)
 
     @property
     def micro_now(self) -> int:
         """The micro-batch the steps use now: an out-of-memory error halves it."""
-        return self.micro >> self._halvings
+        return self.halving.now
 
     @property
     def scaler(self) -> LossScaler:
         return self.parts.scaler
-
-    def _describe(self) -> None:
-        if self.dist.enabled:
-            log.info(self.dist.describe())
-        log.info("precision: %s (%s)", self.precision.name, self.precision.reason)
-        if self.checkpointed_blocks:
-            blocks = self.checkpointed_blocks
-            log.info("activation checkpointing: %d blocks (%s)", len(blocks), ", ".join(blocks))
-        processes = f" × {self.dist.world_size} processes" if self.dist.enabled else ""
-        log.info(
-            "batch: micro %d × %d accumulation steps%s = effective %d",
-            self.micro,
-            self.accumulation,
-            processes,
-            self.effective_batch,
-        )
 
     # ------------------------------------------------------------------------------------
     # Life cycle
@@ -352,7 +316,7 @@ class Trainer:
             self.batches.windows(s) if finished is None else iter(()),
             lambda: self.checkpointer.preempted and not self.dist.enabled,
         )
-        clock = _Clock(s.seconds)
+        clock = RunClock(s.seconds)
         self.checkpointer.start()
         try:
             with maybe_trace(self.config.measure.trace, self.config.measure.trace_steps) as trace:
@@ -386,7 +350,7 @@ class Trainer:
             self.diagnosis = write_outputs(self, result, monitor)
         return result
 
-    def _step(self, window: list[Any], monitor: RunMonitor, clock: _Clock) -> str | None:
+    def _step(self, window: list[Any], monitor: RunMonitor, clock: RunClock) -> str | None:
         """One optimizer step on `window` and its boundary; the stop reason, or None."""
         cfg, s, timer = self.config, self.state, monitor.timer
         timer.mark("data_wait")
@@ -442,9 +406,8 @@ class Trainer:
         `counts` are the window's samples and tokens per micro-batch, counted on the host;
         `totals` the samples and tokens of the window over all ranks (None: one process)."""
         p, strategy = self.parts, self.strategy
-        if self._halvings:  # the micro-batch an earlier out-of-memory left
-            for _ in range(self._halvings):
-                window = split_window(window)
+        if self.halving.times:  # the micro-batch an earlier out-of-memory error left
+            window = self.halving.apply(window)
             counts = window_counts(window)
         while True:
             try:
@@ -452,7 +415,9 @@ class Trainer:
                 break
             except torch.OutOfMemoryError as exc:
                 error = str(exc)
-            window = self._halve(window, error)  # outside the handler: its frames are gone
+            # Outside the handler, whose frames held the failed attempt's tensors.
+            window = self.halving.halve(window, error, self.optimizer)
+            self.watch.log_event(event="out_of_memory", micro_batch=self.halving.now)
             counts = window_counts(window)
         # The true gradients' norm, recorded at every step (clipping or not): it is the first
         # sign of a run going wrong. Unscaled first, so neither clipping nor the record sees
@@ -516,28 +481,6 @@ class Trainer:
         assert window_loss is not None  # a window holds at least one micro-batch
         return window_loss
 
-    def _halve(self, window: list[Any], error: str) -> list[Any]:
-        """After an out-of-memory error: drop what the attempt held and split the window's
-        micro-batches in two (twice the accumulation, the same samples, the same update), for
-        this window and the ones after. At one sample the run ends, saying what would help."""
-        self.optimizer.zero_grad(set_to_none=True)
-        free_memory(self.device)
-        micro = self.micro_now
-        try:
-            halves = split_window(window)
-        except ValueError:
-            raise ThriftyError(out_of_memory_message(error, self.device)) from None
-        self._halvings += 1
-        log.warning(
-            "out of memory at a micro-batch of %d: replaying the step as %d micro-batches of "
-            "%d (the effective batch and the update are unchanged)",
-            micro,
-            len(halves),
-            micro // 2,
-        )
-        self.watch.log_event(event="out_of_memory", micro_batch=micro // 2)
-        return halves
-
     def _boundary(
         self,
         preempted: bool,
@@ -546,7 +489,7 @@ class Trainer:
         loss: torch.Tensor,
         skipped: torch.Tensor | bool | None,
         monitor: RunMonitor,
-        clock: _Clock,
+        clock: RunClock,
     ) -> str | None:
         """After a step, with every rank's say agreed on: the budget, the preemption notice,
         the evaluation, the guard and the save interval. Returns the stop reason, or None."""
@@ -593,14 +536,3 @@ class Trainer:
             max_batches=e.batches,
             micro=e.micro or self.micro,
         )
-
-
-class _Clock:
-    """Training time of the run (across restarts), and where the current step began."""
-
-    def __init__(self, seconds_before: float) -> None:
-        self.seconds_before = seconds_before
-        self.started = self.step_start = time.perf_counter()
-
-    def seconds(self) -> float:
-        return self.seconds_before + time.perf_counter() - self.started

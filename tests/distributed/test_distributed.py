@@ -458,8 +458,10 @@ config = TrainConfig.from_dict({
 with Trainer(Tight(), data, config) as trainer:
     result = trainer.fit()
     weights = [p.detach().clone() for p in trainer.model.parameters()]
-print(json.dumps({"rank": os.environ["RANK"], "steps": result.steps, "micro": result.micro_batch,
-                  "w": [w.flatten().tolist() for w in weights]}))
+# One file a rank: two processes printing long lines to one pipe can interleave them.
+with open(sys.argv[2] + "." + os.environ["RANK"], "w") as f:
+    json.dump({"steps": result.steps, "micro": result.micro_batch,
+               "w": [w.flatten().tolist() for w in weights]}, f)
 """
 
 
@@ -468,15 +470,14 @@ def test_an_out_of_memory_error_on_one_rank_is_replayed_by_every_rank(tmp_path):
     script.write_text(OOM_ON_RANK_1)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     result = subprocess.run(
-        [*command, str(script), str(tmp_path / "run")],
+        [*command, str(script), str(tmp_path / "run"), str(tmp_path / "rank")],
         env=child_env(),
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    ranks = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert len(ranks) == 2
+    ranks = [json.loads((tmp_path / f"rank.{r}").read_text()) for r in (0, 1)]
     assert all(r["steps"] == 4 and r["micro"] == 4 for r in ranks)  # both halved, none hung
     assert ranks[0]["w"] == ranks[1]["w"]  # and they still train one model
     events = (tmp_path / "run" / "metrics.jsonl").read_text()

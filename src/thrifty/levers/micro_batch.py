@@ -221,3 +221,79 @@ def scaled_count(per_sample: Any, micro: int) -> Any:
         flops=per_sample.flops * micro,
         activation_bytes=per_sample.activation_bytes * micro,
     )
+
+
+def measure_micro(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: Any,
+    collate: Callable[[list[Any]], Any],
+    call: Callable[[Any], torch.Tensor],
+    *,
+    device: torch.device,
+    per_rank: int,
+    margin: float,
+    agree: Callable[[bool], bool],
+) -> MicroSearch:
+    """`batch.micro = "auto"`: the largest micro-batch whose real step (`call(batch)` gives
+    the loss, then backward and the optimizer's step) fits on every rank. The trial steps
+    leave no trace on `model`, `optimizer` or the random streams. A model that does not fit
+    one sample raises ThriftyError saying what would help."""
+    from thrifty.errors import ThriftyError
+    from thrifty.levers.accumulation import to_device
+
+    def step(micro: int) -> None:
+        loss = call(to_device(collate([data[i] for i in range(micro)]), device))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    try:
+        with Snapshot(model, optimizer):
+            search = find_micro(step, per_rank, device, margin, agree)
+    except torch.OutOfMemoryError as exc:
+        raise ThriftyError(out_of_memory_message(str(exc), device)) from None
+    log.info(search.describe())
+    return search
+
+
+class Halving:
+    """The micro-batch after out-of-memory errors: each one halves it, for the window that
+    hit it (replayed from its start) and every window after, the accumulation doubling."""
+
+    def __init__(self, micro: int, device: torch.device) -> None:
+        self.micro = micro  # as configured or measured
+        self.device = device
+        self.times = 0
+
+    @property
+    def now(self) -> int:
+        return self.micro >> self.times
+
+    def apply(self, window: list[Any]) -> list[Any]:
+        """`window` cut as the earlier errors cut every window."""
+        for _ in range(self.times):
+            window = split_window(window)
+        return window
+
+    def halve(self, window: list[Any], error: str, optimizer: torch.optim.Optimizer) -> list[Any]:
+        """After an out-of-memory error: drop the attempt's gradients and cached blocks and cut
+        the window's micro-batches in two. At one sample the run ends (ThriftyError), saying
+        what would help."""
+        from thrifty.errors import ThriftyError
+
+        optimizer.zero_grad(set_to_none=True)
+        free_memory(self.device)
+        try:
+            halves = split_window(window)
+        except ValueError:
+            raise ThriftyError(out_of_memory_message(error, self.device)) from None
+        self.times += 1
+        log.warning(
+            "out of memory at a micro-batch of %d: replaying the step as %d micro-batches of "
+            "%d (the effective batch and the update are unchanged)",
+            2 * self.now,
+            len(halves),
+            self.now,
+        )
+        return halves

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -75,3 +76,14 @@ class FitResult:
     # batch.micro = "auto": the sizes tried, whether each fitted, the one chosen.
     micro_batch_search: dict[str, Any] | None = None
     peak_memory_bytes: float | None = None  # the device's peak allocation (CUDA)
+
+
+class RunClock:
+    """Training time of the run (across restarts), and where the current step began."""
+
+    def __init__(self, seconds_before: float) -> None:
+        self.seconds_before = seconds_before
+        self.started = self.step_start = time.perf_counter()
+
+    def seconds(self) -> float:
+        return self.seconds_before + time.perf_counter() - self.started

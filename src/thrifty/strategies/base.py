@@ -31,7 +31,7 @@ class Strategy:
     def __init__(self, dist: Distributed) -> None:
         self.dist = dist
 
-    def check(self, precision: Precision, optimizer_given: bool) -> None:
+    def check(self, precision: Precision, *, optimizer_given: bool, auto_micro: bool) -> None:
         """Refuse, on every rank alike, what this strategy cannot do."""
 
     def wrap(self, model: nn.Module, precision: Precision) -> nn.Module:

@@ -26,7 +26,7 @@ class FSDP(Strategy):
     name = "fsdp"
     sharded = True
 
-    def check(self, precision: Precision, optimizer_given: bool) -> None:
+    def check(self, precision: Precision, *, optimizer_given: bool, auto_micro: bool) -> None:
         if precision.name == "fp16":
             raise ConfigError(
                 "precision.mode = fp16 is not supported with distributed.strategy = fsdp (the "
@@ -38,6 +38,12 @@ class FSDP(Strategy):
                 "an optimizer built before the model is sharded cannot be used with "
                 "distributed.strategy = fsdp: pass a factory (optimizer=lambda model: ...) or let "
                 "thrifty build it from [optimizer]"
+            )
+        if auto_micro:  # its trial steps would run collectives a one-sided OOM could strand
+            raise ConfigError(
+                "batch.micro = 'auto' is not supported with distributed.strategy = fsdp: set "
+                "batch.micro to a number (the largest that fits under ddp or one process is a "
+                "safe start)"
             )
 
     def wrap(self, model: nn.Module, precision: Precision) -> nn.Module:
