@@ -16,12 +16,11 @@ from thrifty.run.directory import read_metrics
 MICRO, EFFECTIVE = 8, 16
 
 
-def demo_step_times(data: Any, steps: int, out: str, seed: int, **sections: Any) -> list[float]:
-    """Train the demo GPT for `steps` steps (micro 8 × 2, CPU, no worker processes, no
-    checkpoints or notices) with `sections` merged into the config; the step times after the
-    first, which pays the allocator's warm-up."""
-    config = {
-        **DEMO_CONFIG,
+def run_config(
+    out: str, steps: int, seed: int, micro: int, effective: int, **sections: Any
+) -> dict[str, Any]:
+    """A short quiet CPU run: no worker processes, checkpoints or notices; `sections` merged."""
+    return {
         "run": {
             "max_steps": steps,
             "device": "cpu",
@@ -30,12 +29,19 @@ def demo_step_times(data: Any, steps: int, out: str, seed: int, **sections: Any)
             "seed": seed,
             "log_every": 10,
         },
-        "batch": {"micro": MICRO, "effective": EFFECTIVE},
+        "batch": {"micro": micro, "effective": effective},
         "data": {"num_workers": 0},
         "checkpoint": {"every": "off"},
         "spot": {"provider": "none"},
         **sections,
     }
+
+
+def demo_step_times(data: Any, steps: int, out: str, seed: int, **sections: Any) -> list[float]:
+    """Train the demo GPT for `steps` steps (micro 8 × 2, CPU, no worker processes, no
+    checkpoints or notices) with `sections` merged into the config; the step times after the
+    first, which pays the allocator's warm-up."""
+    config = {**DEMO_CONFIG, **run_config(out, steps, seed, MICRO, EFFECTIVE, **sections)}
     torch.manual_seed(seed)
     model = build_model(**DEMO_CONFIG["task"]["model_args"])
     if not logging.getLogger().handlers:  # quiet runs: fit() prints its summary otherwise

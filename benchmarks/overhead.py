@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from demo_runs import EFFECTIVE, MICRO
+from demo_runs import EFFECTIVE, MICRO, run_config
 
 import thrifty.trainer
 from thrifty import Trainer
@@ -119,22 +119,8 @@ def trainer_loop(
 def config_for(
     out: str, steps: int, seed: int, micro: int, effective: int, **sections: Any
 ) -> dict[str, Any]:
-    return {
-        "run": {
-            "max_steps": steps,
-            "device": "cpu",
-            "out": out,
-            "progress": "off",
-            "seed": seed,
-            "log_every": 10,
-        },
-        "batch": {"micro": micro, "effective": effective},
-        "data": {"num_workers": 0},
-        "checkpoint": {"every": "off"},
-        "spot": {"provider": "none"},
-        "schedule": {"warmup_steps": 5, "decay": "cosine", "min_lr_ratio": 0.1},
-        **sections,
-    }
+    schedule = {"warmup_steps": 5, "decay": "cosine", "min_lr_ratio": 0.1}
+    return run_config(out, steps, seed, micro, effective, schedule=schedule, **sections)
 
 
 def alternate(

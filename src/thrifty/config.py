@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
 import sys
 import types
@@ -605,6 +606,21 @@ def parse_set_args(items: Iterable[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A config file's own TOML tables, without the record of earlier resumes."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    try:
+        loaded = toml_loads(text)
+    except Exception as exc:
+        raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
+    loaded.pop(HISTORY_TABLE, None)  # a record of earlier resumes, not settings
+    return loaded
+
+
 def load_config(
     path: str | Path | None = None,
     overrides: Iterable[tuple[str, Any]] = (),
@@ -613,17 +629,7 @@ def load_config(
     """Read a TOML file (optionally on top of `base`) and apply `section.key` overrides."""
     data: dict[str, Any] = {k: dict(v) for k, v in (base or {}).items()}
     if path is not None:
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
-        try:
-            loaded = toml_loads(text)
-        except Exception as exc:
-            raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
-        loaded.pop(HISTORY_TABLE, None)  # a record of earlier resumes, not settings
-        for section, table in loaded.items():
+        for section, table in read_config_file(path).items():
             if isinstance(table, dict) and isinstance(data.get(section), dict):
                 data[section] = {**data[section], **table}
             else:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rich import box
@@ -200,23 +200,33 @@ def chinchilla_table(chosen: Allocation, others: list[Allocation], notes: list[s
 _GROUP = {"price per hour": "price", "hours per run": "hours", "runs needed": "runs"}
 
 
-def levers_table(plan: LeverPlan, title: str = "Cost levers, applied in sequence") -> _RichTable:
-    table = Table(title=f"{title} (USD per {plan.period})")
+def levers_table(
+    plan: LeverPlan,
+    title: str = "Cost levers, applied in sequence",
+    *,
+    unit: str = "USD",
+    money: Callable[[float], str] = fmt_dollars,
+    groups: bool = True,
+) -> _RichTable:
+    """The waterfall: each lever's before, after and saving, then the total. `money` formats
+    an amount in `unit`; `groups` names each lever's group before it."""
+    table = Table(title=f"{title} ({unit} per {plan.period})")
     table.add_column("lever: change", no_wrap=True)
     for column in ("before", "after", "saved", "saved %", "of baseline"):
         table.add_column(column, justify="right", no_wrap=True)
     for s in plan.steps:
+        group = f"{_GROUP.get(s.group, s.group)}: " if groups else ""
         table.add_row(
-            f"{_GROUP.get(s.group, s.group)}: {s.lever}\n  [dim]{escape(s.detail)}[/dim]",
-            fmt_dollars(s.before),
-            fmt_dollars(s.after),
-            fmt_dollars(s.saving),
+            f"{group}{s.lever}\n  [dim]{escape(s.detail)}[/dim]",
+            money(s.before),
+            money(s.after),
+            money(s.saving),
             fmt_pct(s.saving_pct),
             fmt_pct(s.saving / plan.baseline),
         )
     total = (plan.saving_pct, plan.saving_pct)
-    table.add_row("total", fmt_dollars(plan.baseline), fmt_dollars(plan.final),
-                  fmt_dollars(plan.saving), *map(fmt_pct, total), style="bold")  # fmt: skip
+    table.add_row("total", money(plan.baseline), money(plan.final),
+                  money(plan.saving), *map(fmt_pct, total), style="bold")  # fmt: skip
     return table
 
 

@@ -178,37 +178,11 @@ def _figure_cells(result: TuneResult, t: Trial) -> list[str]:
 
 
 def waterfall_table(w: Waterfall) -> Any:
-    from rich.markup import escape
-
-    from thrifty.plan.report import Table
+    from thrifty.plan.report import levers_table
 
     money = _usd if w.unit == "USD" else _duration
-    plan = w.plan
-    table = Table(
-        title=f"From the baseline to the winner, lever by lever ({w.unit} per {plan.period})"
-    )
-    table.add_column("lever: change", no_wrap=True)
-    for column in ("before", "after", "saved", "saved %", "of baseline"):
-        table.add_column(column, justify="right", no_wrap=True)
-    for s in plan.steps:
-        table.add_row(
-            f"{s.lever}\n  [dim]{escape(s.detail)}[/dim]",
-            money(s.before),
-            money(s.after),
-            money(s.saving),
-            fmt_pct(s.saving_pct),
-            fmt_pct(s.saving / plan.baseline),
-        )
-    table.add_row(
-        "total",
-        money(plan.baseline),
-        money(plan.final),
-        money(plan.saving),
-        fmt_pct(plan.saving_pct),
-        fmt_pct(plan.saving_pct),
-        style="bold",
-    )
-    return table
+    title = "From the baseline to the winner, lever by lever"
+    return levers_table(w.plan, title, unit=w.unit, money=money, groups=False)
 
 
 def _print_failures(out: Console, result: TuneResult) -> None:

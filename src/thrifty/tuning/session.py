@@ -18,13 +18,12 @@ from typing import Any
 
 from thrifty.commands.common import prepare_out, refuse_file, say
 from thrifty.config import (
-    HISTORY_TABLE,
     TrainConfig,
     apply_overrides,
     dump_toml,
     load_config,
     parse_duration,
-    toml_loads,
+    read_config_file,
 )
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.run.directory import write_json
@@ -132,17 +131,7 @@ def read_given(
     """A config file's own TOML data with `section.key` overrides: the config as given.
     (`load_config` reads it the same way, defaults filled in; the winner keeps only what the
     file says.)"""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
-    try:
-        data = toml_loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
-    data.pop(HISTORY_TABLE, None)
-    return apply_overrides(data, overrides)
+    return apply_overrides(read_config_file(path), overrides)
 
 
 def make_plan(
