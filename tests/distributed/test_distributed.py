@@ -416,8 +416,9 @@ def test_a_trainer_used_with_with_leaves_the_process_group_it_joined(tmp_path):
         timeout=TIMEOUT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = sorted(line for line in result.stdout.splitlines() if "joined" in line)
-    assert lines == ["rank - joined True left True"] * 2, result.stdout
+    # Two ranks print to one pipe: count the reports, whatever their interleaving.
+    assert result.stdout.count("rank - joined True left True") == 2, result.stdout
+    assert result.stdout.count("joined") == 2, result.stdout
 
 
 OOM_ON_RANK_1 = """
