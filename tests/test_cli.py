@@ -124,6 +124,12 @@ def test_demo_trains_and_writes_its_run_directory(capsys, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 6 and summary["stop_reason"] == "max_steps"
     assert summary["final_val_loss"] < summary["initial_val_loss"] - 0.3
+    # The MFU is reproducible from what the summary says it was measured against.
+    basis = summary["mfu_basis"]
+    assert basis["peak_flops_per_second"] == 1e12 and "THRIFTY_PEAK_TFLOPS" in basis["peak_source"]
+    assert summary["mfu"] == pytest.approx(
+        basis["flops_per_step"] / summary["step_seconds"] / basis["peak_flops_per_second"]
+    )
     assert "thrifty run summary" in stdout
     assert (out / "config.toml").exists() and (out / "metrics.jsonl").exists()
 

@@ -12,6 +12,7 @@ import logging
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import TensorDataset
 
 from thrifty import Trainer
 from thrifty.config import TrainConfig
@@ -192,3 +193,45 @@ def test_a_lever_changes_how_the_work_is_done_not_the_optimization(tmp_path, cha
         assert changed == baseline
     else:
         assert changed == pytest.approx(baseline, rel=tolerance)
+
+
+class Exact(nn.Module):
+    """A linear model whose arithmetic is exact in fp32: small integers, power-of-two batches
+    and learning rate. Every sum is exact, so its order cannot matter: any difference left
+    between micro-batch sizes would be the accumulation's weighting, not rounding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor([[1.0, -2.0, 3.0, 0.0]]))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return ((x @ self.w.T - y) ** 2).mean()
+
+
+@pytest.mark.parametrize("micro", [1, 2, 4, 8])
+def test_where_arithmetic_is_exact_the_micro_batch_changes_no_bit(tmp_path, micro):
+    g = torch.Generator().manual_seed(5)
+    data = TensorDataset(
+        torch.randint(-3, 4, (64, 4), generator=g).float(),
+        torch.randint(-8, 9, (64, 1), generator=g).float(),
+    )
+
+    def weights(name: str, micro: int) -> torch.Tensor:
+        run = {"max_steps": 2, "device": "cpu", "out": str(tmp_path / name), "progress": "off"}
+        cfg = TrainConfig.from_dict(
+            {
+                "run": run,
+                "precision": {"mode": "fp32"},
+                "batch": {"micro": micro, "effective": 16},
+                "data": {"num_workers": 0},
+                "optimizer": {"name": "sgd", "lr": 2**-4, "grad_clip": 0},
+                "schedule": {"decay": "constant"},
+            }
+        )
+        trainer = Trainer(Exact(), data, cfg)
+        trainer.fit()
+        return trainer.model.w.detach().clone()
+
+    whole, split = weights("whole", 16), weights("split", micro)
+    assert not torch.equal(whole, Exact().w.detach())  # it trained
+    assert torch.equal(split, whole)

@@ -437,7 +437,7 @@ def test_trials_measure_the_steps_only():
     )
     assert data["run"] == {"seed": 3, "max_steps": 5, "progress": "off"}
     assert data["task"] == {"model": "m:f"}
-    assert data["checkpoint"] == {"every": "off", "resume": "never"}
+    assert data["checkpoint"] == {"every": "off", "final": False, "resume": "never"}
     assert data["batch"] == {"effective": 32} and "early_stopping" not in data
     assert data["measure"] == {"sample_seconds": 1.0}
 
@@ -489,6 +489,9 @@ def test_real_trials_write_a_winner_thrifty_train_runs_as_is(
     (pruned,) = report["pruned"]
     assert pruned["setting"]["compile.mode"] == "max-autotune"
     assert (out / "trials" / "01-compile" / "train.log").exists()
+    # A trial's weights are thrown away: none is written, even at the end.
+    assert (out / "trials" / "00-baseline" / "summary.json").exists()
+    assert not list((out / "trials").rglob("*.pt")) and not list((out / "trials").rglob("step-*"))
 
     winner = Path(report["winner_toml"])
     tuned, as_given = toml_loads(winner.read_text()), toml_loads(config.read_text())

@@ -312,6 +312,7 @@ class CheckpointConfig:
     interruption_rate: float | str = "5-10%"  # per hour, or an AWS advisor bucket ("<5%", ...)
     keep_last: int = 2
     keep_best: bool = False
+    final: bool = True  # a checkpoint when the run ends; false for a throwaway (a tune trial)
     resume: str = "auto"  # auto | never | a checkpoint's path or URL
     upload_deadline: str | float = "90s"  # how long an emergency save waits for its upload
     upload_retries: int = 5

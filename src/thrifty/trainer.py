@@ -37,7 +37,13 @@ from thrifty.levers.batching import TrainBatches
 from thrifty.levers.compile import compile_model
 from thrifty.levers.data_loading import UntilStop
 from thrifty.levers.early_stopping import EarlyStopping
-from thrifty.levers.micro_batch import Halving, MicroSearch, measure_micro, scaled_count
+from thrifty.levers.micro_batch import (
+    Halving,
+    MicroSearch,
+    first_sample,
+    measure_micro,
+    scaled_count,
+)
 from thrifty.levers.optimizer import OptimizerArg, make_optimizer
 from thrifty.levers.precision import LossScaler, Precision, resolve_precision
 from thrifty.levers.schedule import schedule_horizon, scheduler_for
@@ -335,8 +341,9 @@ class Trainer:
             if windows.error is not None:
                 self.checkpointer.save(emergency=True)
                 reason = "preempted"
-            if reason not in ("preempted", "diverged"):  # a diverged run keeps its last
-                self.checkpointer.save(final=True)  # good checkpoint as the newest
+            # A diverged run keeps its last good checkpoint as the newest.
+            if reason not in ("preempted", "diverged") and self.config.checkpoint.final:
+                self.checkpointer.save(final=True)
             self.checkpoint_status = self.checkpointer.finish()
             self.dist.barrier()  # no rank leaves while rank 0 still writes the checkpoint
         except BaseException:
@@ -445,41 +452,50 @@ class Trainer:
         totals: list[int] | None,
     ) -> torch.Tensor:
         """Forward and backward over the window's micro-batches, each weighted by its share;
-        the window's mean loss (fp32, on the device). With several processes, an
-        out-of-memory error before the synchronizing micro-batch is agreed on, so every rank
-        replays the window together."""
-        p, device, strategy = self.parts, self.device, self.strategy
+        the window's mean loss (fp32, on the device). Raises OutOfMemoryError when any rank
+        ran out of memory: a rank that did takes part in the others' gradient synchronization
+        first, so every rank replays the window together and none waits in a collective."""
         weights = loss_weights(
             window, self.config.batch.normalize, counts, totals, self.dist.world_size
         )
-        non_blocking = device.type == "cuda"
         window_loss: torch.Tensor | None = None
+        failed: str | None = None
         last = len(window) - 1
-        agree = self.dist.enabled and last > 0
         for i, (batch, weight) in enumerate(zip(window, weights, strict=True)):
-            if agree and i == last and self.dist.any_of(False)[0]:
-                raise torch.OutOfMemoryError("out of memory on another rank")
-            batch = to_device(batch, device, non_blocking)
-            timer.mark("host_to_device")
-            try:
-                with strategy.grad_sync(i == last):  # gradients cross ranks once per window
-                    with self.precision.autocast():
-                        loss = call_model(self.forward_model, batch, self.loss_fn)
-                    timer.mark("forward")
-                    weighted = loss * weight
-                    p.scaler.scale(weighted).backward()
-            except torch.OutOfMemoryError:
-                if agree and i < last:
-                    self.dist.any_of(True)  # the others learn of it before they synchronize
-                raise
-            # The weighted loss is the record's share; a low-precision one is weighted in fp32.
-            share = (
-                weighted.detach() if loss.dtype == torch.float32 else loss.detach().float() * weight
-            )
-            window_loss = share if window_loss is None else window_loss + share
-            timer.mark("backward")
+            if failed is None:
+                try:
+                    share = self._micro_step(batch, weight, i == last, timer)
+                except torch.OutOfMemoryError as exc:
+                    failed = str(exc)
+                else:
+                    window_loss = share if window_loss is None else window_loss + share
+                    continue
+            if i == last:  # out of the handler: the failed attempt's tensors are freed
+                one = first_sample(batch)
+                self.strategy.join_sync(
+                    functools.partial(self._micro_step, one, 0.0, True, NullTimer())
+                )
+        if self.dist.enabled and self.dist.any_of(failed is not None)[0]:
+            failed = failed or "out of memory on another rank"
+        if failed is not None:
+            raise torch.OutOfMemoryError(failed)
         assert window_loss is not None  # a window holds at least one micro-batch
         return window_loss
+
+    def _micro_step(self, batch: Any, weight: Any, sync: bool, timer: NullTimer) -> torch.Tensor:
+        """One micro-batch's forward and backward, its loss weighted by `weight`; returns the
+        weighted loss (fp32, detached), the record's share."""
+        batch = to_device(batch, self.device, self.device.type == "cuda")
+        timer.mark("host_to_device")
+        with self.strategy.grad_sync(sync):  # gradients cross ranks once per window
+            with self.precision.autocast():
+                loss = call_model(self.forward_model, batch, self.loss_fn)
+            timer.mark("forward")
+            weighted = loss * weight
+            self.parts.scaler.scale(weighted).backward()
+        timer.mark("backward")
+        # A low-precision loss is weighted in fp32 for the record.
+        return weighted.detach() if loss.dtype == torch.float32 else loss.detach().float() * weight
 
     def _boundary(
         self,
@@ -524,6 +540,7 @@ class Trainer:
         """Mean validation loss (weighted by samples, or tokens with a loss_mask), or None."""
         if self.val_data is None:
             return None
+        self.strategy.before_eval()
         e = self.config.eval
         return validation_loss(
             self.model,

@@ -427,24 +427,56 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 from thrifty import Trainer, TrainConfig
 
+WHERE, EFFECTIVE = os.environ["OOM_WHERE"], int(os.environ["OOM_EFFECTIVE"])
+AFTER = int(os.environ["OOM_AFTER"])
+STRATEGY = os.environ.get("OOM_STRATEGY", "ddp")
+STRIKES = os.environ["RANK"] == "1" and WHERE != "none"
+
+
+def strikes(x):
+    # Rank 1 runs out of memory on micro-batches above 4 samples after its first AFTER forwards.
+    return STRIKES and Tight.calls > AFTER and x.shape[0] > 4
+
+
+class FailsInBackward(torch.autograd.Function):
+    # Backward reaches the last layer's gradients, then fails before the first layer's.
+    @staticmethod
+    def forward(ctx, h):
+        return h.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise torch.OutOfMemoryError("injected on rank 1 in backward")
+
 
 class Tight(torch.nn.Module):
-    # Rank 1 runs out of memory on batches above 4 samples from its 6th forward pass on.
+    calls = 0
+
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
-        self.net = torch.nn.Linear(6, 1)
-        self.calls = 0
+        self.first = torch.nn.Linear(6, 16)
+        self.last = torch.nn.Linear(16, 1)
 
-    def forward(self, x, y):
-        self.calls += 1
-        if os.environ["RANK"] == "1" and self.calls > 5 and x.shape[0] > 4:
-            raise torch.OutOfMemoryError("injected on rank 1")
-        return ((self.net(x) - y) ** 2).mean()
+    def forward(self, x):
+        Tight.calls += 1
+        h = torch.tanh(self.first(x))
+        if WHERE == "backward" and strikes(x):
+            h = FailsInBackward.apply(h)
+        if WHERE == "forward" and strikes(x):
+            raise torch.OutOfMemoryError("injected on rank 1 in forward")
+        return self.last(h), x.shape[0]
+
+
+def loss_fn(out, batch):
+    # After DDP's forward has returned: its all-reduce is armed, no gradient reached yet.
+    pred, n = out
+    if WHERE == "loss" and STRIKES and Tight.calls > AFTER and n > 4:
+        raise torch.OutOfMemoryError("injected on rank 1 in the loss")
+    return ((pred - batch[1]) ** 2).mean()
 
 
 g = torch.Generator().manual_seed(1)
@@ -452,11 +484,12 @@ data = torch.utils.data.TensorDataset(torch.randn(256, 6, generator=g), torch.ra
 config = TrainConfig.from_dict({
     "run": {"max_steps": 4, "out": sys.argv[1], "progress": "off", "device": "cpu"},
     "precision": {"mode": "fp32"},
-    "batch": {"micro": 8, "effective": 32},
+    "batch": {"micro": 8, "effective": EFFECTIVE},
     "data": {"num_workers": 0},
     "measure": {"system": False, "peak_tflops": 1.0},
+    "distributed": {"timeout": "60s", "strategy": STRATEGY},
 })
-with Trainer(Tight(), data, config) as trainer:
+with Trainer(Tight(), data, config, loss_fn=loss_fn) as trainer:
     result = trainer.fit()
     weights = [p.detach().clone() for p in trainer.model.parameters()]
 # One file a rank: two processes printing long lines to one pipe can interleave them.
@@ -466,20 +499,68 @@ with open(sys.argv[2] + "." + os.environ["RANK"], "w") as f:
 """
 
 
-def test_an_out_of_memory_error_on_one_rank_is_replayed_by_every_rank(tmp_path):
+def launch_oom_case(
+    tmp_path: Path, where: str, effective: int, after: int, strategy: str = "ddp"
+) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "oom.py"
     script.write_text(OOM_ON_RANK_1)
+    out = tmp_path / f"{where}-{effective}"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    result = subprocess.run(
-        [*command, str(script), str(tmp_path / "run"), str(tmp_path / "rank")],
-        env=child_env(),
+    case = {"WHERE": where, "EFFECTIVE": effective, "AFTER": after, "STRATEGY": strategy}
+    return subprocess.run(
+        [*command, str(script), str(out / "run"), str(out / "rank")],
+        env={**child_env(), **{f"OOM_{k}": str(v) for k, v in case.items()}},
         capture_output=True,
         text=True,
-        timeout=TIMEOUT,
+        timeout=TIMEOUT,  # a rank left waiting in a collective fails the test here
     )
+
+
+def run_oom_case(tmp_path: Path, where: str, effective: int, after: int = 0) -> list[dict]:
+    result = launch_oom_case(tmp_path, where, effective, after)
     assert result.returncode == 0, result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank.{r}").read_text()) for r in (0, 1)]
+    out = tmp_path / f"{where}-{effective}"
+    return [json.loads((out / f"rank.{r}").read_text()) for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def untouched(tmp_path_factory) -> dict[int, list[dict]]:
+    """The weights of the runs that never run out of memory, by effective batch."""
+    folder = tmp_path_factory.mktemp("untouched")
+    return {effective: run_oom_case(folder, "none", effective) for effective in (16, 32)}
+
+
+@pytest.mark.parametrize(
+    "where, effective, after",
+    [
+        # Two micro-batches a window (forwards 1-2 are step 1's, 3-4 step 2's, ...).
+        ("forward", 32, 4),  # the window's first micro-batch, before any gradient crosses
+        ("forward", 32, 3),  # the synchronizing (last) micro-batch's forward
+        ("backward", 32, 3),  # the synchronizing backward part-way, DDP waiting on the rest
+        # One micro-batch a window: it is the synchronizing one.
+        ("forward", 16, 2),
+        ("loss", 16, 2),  # DDP's forward returned (its all-reduce armed), no gradient yet
+    ],
+)
+def test_an_out_of_memory_error_on_one_rank_is_replayed_by_every_rank(
+    tmp_path, untouched, where, effective, after
+):
+    ranks = run_oom_case(tmp_path, where, effective, after)
     assert all(r["steps"] == 4 and r["micro"] == 4 for r in ranks)  # both halved, none hung
     assert ranks[0]["w"] == ranks[1]["w"]  # and they still train one model
-    events = (tmp_path / "run" / "metrics.jsonl").read_text()
+    # The same update as runs that never ran out of memory (halves: the sums' rounding).
+    expected = untouched[effective][0]
+    assert expected["micro"] == 8
+    for got, want in zip(ranks[0]["w"], expected["w"], strict=True):
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+    events = (tmp_path / f"{where}-{effective}" / "run" / "metrics.jsonl").read_text()
     assert '"event": "out_of_memory"' in events
+
+
+def test_an_out_of_memory_error_under_fsdp_ends_the_run_on_every_rank_saying_how_to_resume(
+    tmp_path,
+):
+    # FSDP's collectives run inside forward and backward: no replay, an end without a hang.
+    result = launch_oom_case(tmp_path, "forward", 32, 3, strategy="fsdp")
+    assert result.returncode != 0
+    assert "resume with batch.micro halved and --allow-config-change" in result.stderr

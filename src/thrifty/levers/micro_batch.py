@@ -170,6 +170,11 @@ def split_window(window: list[Any]) -> list[Any]:
     return halves
 
 
+def first_sample(batch: Any) -> Any:
+    """A micro-batch of `batch`'s first sample alone."""
+    return _part(batch, 0, 1)
+
+
 def _samples(batch: Any) -> int:
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1

@@ -84,6 +84,12 @@ def write_outputs(trainer: Trainer, result: FitResult, monitor: RunMonitor) -> A
     summary["precision_reason"] = t.precision.reason
     summary["accumulation_steps"] = t.accumulation
     summary["effective_batch"] = t.effective_batch
+    if monitor.peak is not None:  # what the MFU is measured against
+        summary["mfu_basis"] = {
+            "flops_per_step": monitor.flops_per_step,
+            "peak_flops_per_second": monitor.peak.flops_per_second,
+            "peak_source": monitor.peak.source,
+        }
     if choice is not None:
         measured = {str(k): v for k, v in choice.seconds_per_batch.items()}
         summary["num_workers_measured_seconds_per_batch"] = measured

@@ -8,7 +8,7 @@ The Trainer calls these and nothing else about the layout; it never asks which s
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
@@ -53,6 +53,15 @@ class Strategy:
         if hasattr(torch.nn.utils, "get_total_norm"):
             return torch.nn.utils.get_total_norm(grads)
         return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+
+    def join_sync(self, one_sample: Callable[[], object]) -> None:
+        """This rank ran out of memory in a window: take part in the gradient synchronization
+        the other ranks are in, so that none waits in it; every rank then replays the window.
+        `one_sample()` runs the synchronizing micro-batch's forward and backward on one
+        sample. One process: nobody waits."""
+
+    def before_eval(self) -> None:
+        """Before every rank evaluates: make what evaluation reads the same on every rank."""
 
     # --- checkpoints -------------------------------------------------------------------------
 

@@ -8,13 +8,14 @@ parallel and read back at any world size.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 from torch import nn
 
-from thrifty.errors import ConfigError
+from thrifty.errors import ConfigError, ThriftyError
 from thrifty.levers.activation_checkpointing import find_repeated_blocks
 from thrifty.levers.precision import Precision
 from thrifty.strategies.base import _NO_SYNC_NEEDED, Strategy
@@ -61,6 +62,19 @@ class FSDP(Strategy):
     def grad_sync(self, last: bool) -> AbstractContextManager[Any]:
         self._root.set_requires_gradient_sync(last)
         return _NO_SYNC_NEEDED
+
+    def join_sync(self, one_sample: Callable[[], object]) -> None:
+        if not self.dist.enabled:
+            return
+        # The parameters' all-gathers and the gradients' reduce-scatters run inside forward
+        # and backward, one per block: a rank that failed part-way cannot rejoin the others'
+        # sequence of collectives, and replaying out of step would mix unrelated tensors.
+        raise ThriftyError(
+            "out of memory under distributed.strategy = fsdp, which cannot replay the step on "
+            "one rank: the run ends here (torchrun stops the other ranks); resume with "
+            "batch.micro halved and --allow-config-change (the effective batch, and so the "
+            "update, stay the same)"
+        )
 
     def clip_norm(self, params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
         # The norm of sharded gradients is a replicated DTensor: each rank's shard norms reduced.

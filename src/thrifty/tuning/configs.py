@@ -2,8 +2,8 @@
 
 Both start from the config as given (TOML data). The trial config keeps what the job trains
 (task, model, data, optimizer, schedule, precision and the other levers) and turns off what
-would distort a short measurement: validation, early stopping, periodic checkpoints (only the
-final one is written, into the trial's folder), the spot watcher, the progress bar, traces,
+would distort a short measurement: validation, early stopping, checkpoints (a trial's weights
+are thrown away: writing them would spend the budget on a large model), the spot watcher, the progress bar, traces,
 and every budget but the trial's steps. The winner is the config as given with the winning
 lever values, so `thrifty train` runs it as is: the same effective batch, learning rate,
 schedule, seed and data order as the baseline.
@@ -29,7 +29,7 @@ def trial_config(given: Mapping[str, Any], steps: int, effective: int) -> dict[s
     data["batch"] = {**data.get("batch", {}), "effective": effective}
     data["task"] = {k: v for k, v in data.get("task", {}).items() if k != "val_data"}
     data.pop("early_stopping", None)  # it needs validation, which trials leave out
-    data["checkpoint"] = {"every": "off", "resume": "never"}
+    data["checkpoint"] = {"every": "off", "final": False, "resume": "never"}
     data["spot"] = {"provider": "none"}
     measure = data.get("measure", {})
     data["measure"] = {k: v for k, v in measure.items() if k not in ("trace", "trace_steps")}
