@@ -184,7 +184,11 @@ def test_activation_checkpointing_from_config_wraps_blocks(tmp_path):
     assert result.checkpointed_blocks == ["blocks.0", "blocks.2"]
 
 
-def test_passing_a_dataloader_is_a_clear_error(tmp_path):
+def test_a_dataloader_whose_batch_size_is_not_the_micro_batch_is_one_line(tmp_path):
     loader = torch.utils.data.DataLoader(TokenDataset())
-    with pytest.raises(ThriftyError, match="pass a map-style Dataset"):
+    with pytest.raises(ThriftyError) as error:
         Trainer(tiny_gpt(), loader, cfg(tmp_path))
+    assert str(error.value) == (
+        "train_data is a DataLoader with batch_size 1 and batch.micro = 4: set batch.micro = 1, "
+        "or build the DataLoader with batch_size=4"
+    )

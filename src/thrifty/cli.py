@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except ThriftyError as exc:
         _report(exc)
-        return EXIT_USAGE
+        return int(getattr(exc, "exit_code", EXIT_USAGE))
     except Exception as exc:
         if not _lost_a_rank(exc):
             raise

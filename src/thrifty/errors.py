@@ -9,6 +9,13 @@ class ThriftyError(Exception):
     """A user-facing error: the command line prints its message and exits with code 2."""
 
 
+class DataSourceError(ThriftyError):
+    """The training data raised mid-run: the finished steps are saved; exit code 1 (not bad
+    input: the same command resumes once the source is back)."""
+
+    exit_code = 1
+
+
 class ConfigError(ThriftyError, ValueError):
     """A configuration value is wrong: the message names the dotted field, the value and what is allowed."""
 

@@ -31,7 +31,7 @@ def check_dataset(data: Any, where: str, micro_batch: int, micro_key: str) -> in
     if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
         raise ThriftyError(
             f"{where} is a {type(data).__name__}: pass a map-style Dataset (with __len__ and "
-            "__getitem__); thrifty builds the DataLoader itself"
+            "__getitem__), an IterableDataset or a DataLoader"
         )
     try:
         length = len(data)
@@ -47,13 +47,54 @@ def check_dataset(data: Any, where: str, micro_batch: int, micro_key: str) -> in
     return length
 
 
-def check_inputs(model: Any, train_data: Any, val_data: Any, config: TrainConfig) -> None:
+def check_train_data(
+    train_data: Any, config: TrainConfig, sampler: Any, batch_sampler: Any
+) -> None:
+    """A map-style dataset (alone or with your sampler), a stream, or your DataLoader."""
+    from torch.utils.data import DataLoader
+
+    from thrifty.levers.sources import is_stream
+
+    micro = 1 if config.batch.micro == "auto" else config.batch.micro
+    order = "sampler" if sampler is not None else "batch_sampler" if batch_sampler else None
+    if sampler is not None and batch_sampler is not None:
+        raise ThriftyError(
+            "both sampler and batch_sampler are given: pass one (a batch_sampler yields whole "
+            "micro-batches of indices)"
+        )
+    loader = isinstance(train_data, DataLoader)
+    stream = not loader and is_stream(train_data)
+    if order and (loader or stream):
+        what = "a DataLoader" if loader else f"a stream ({type(train_data).__name__})"
+        raise ThriftyError(
+            f"a {order} needs a dataset it can index, and train_data is {what}: give the "
+            f"{order} a map-style Dataset (with __getitem__ and __len__)"
+            + (", or build the DataLoader with it" if loader else "")
+        )
+    if (loader or stream) and config.batch.micro == "auto":
+        raise ThriftyError(
+            "batch.micro = 'auto' measures with samples it indexes, and train_data is "
+            f"{'a DataLoader' if loader else 'a stream'}: set batch.micro to a number"
+        )
+    if not (loader or stream):
+        check_dataset(train_data, "train_data", micro, "batch.micro")
+
+
+def check_inputs(
+    model: Any,
+    train_data: Any,
+    val_data: Any,
+    config: TrainConfig,
+    *,
+    sampler: Any = None,
+    batch_sampler: Any = None,
+) -> None:
     """Everything a Trainer is handed, checked in the order a person would fix it."""
     from thrifty.run.forecast import require_validation
 
     micro = 1 if config.batch.micro == "auto" else config.batch.micro
     check_model(model)
-    check_dataset(train_data, "train_data", micro, "batch.micro")
+    check_train_data(train_data, config, sampler, batch_sampler)
     require_validation(config.early_stopping.target, val_data is not None)
     if val_data is not None:
         eval_micro = config.eval.micro

@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from thrifty.config import RunConfig, TrainConfig
-from thrifty.errors import ConfigError, ThriftyError
+from thrifty.errors import ConfigError, DataSourceError, ThriftyError
 from thrifty.inputs import check_inputs
 from thrifty.levers.accumulation import (
     LossFn,
@@ -35,7 +35,6 @@ from thrifty.levers.accumulation import (
 from thrifty.levers.activation_checkpointing import apply_activation_checkpointing
 from thrifty.levers.batching import TrainBatches
 from thrifty.levers.compile import compile_model
-from thrifty.levers.data_loading import UntilStop
 from thrifty.levers.early_stopping import EarlyStopping
 from thrifty.levers.micro_batch import (
     Halving,
@@ -72,7 +71,9 @@ class Trainer:
     """Train `model` on `train_data` with the levers `config` turns on.
 
     `model` returns the loss itself, an output with `.loss`, or logits for `loss_fn(output,
-    batch)`. `train_data` and `val_data` are map-style Datasets (thrifty builds the loaders).
+    batch)`. `train_data` is a map-style Dataset (thrifty builds the loader; your `sampler` or
+    `batch_sampler` replaces its shuffle), an IterableDataset (a stream), or your DataLoader,
+    used as is: `thrifty.levers.sources` says how each resumes. `val_data` is map-style.
     `optimizer` is an Optimizer or a factory `model -> Optimizer`, called once the model is
     wrapped (the form FSDP needs: it replaces the parameters with their shards). It defaults to
     the one `config.optimizer` describes; with either, its lr is scaled by the linear scaling
@@ -85,16 +86,19 @@ class Trainer:
     def __init__(
         self,
         model: nn.Module,
-        train_data: Dataset,
+        train_data: Any,
         config: TrainConfig | None = None,
         *,
         optimizer: OptimizerArg = None,
         val_data: Dataset | None = None,
         loss_fn: LossFn | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
     ) -> None:
         self.config = cfg = config or TrainConfig(run=RunConfig(max_epochs=1))
-        check_inputs(model, train_data, val_data, cfg)
+        check_inputs(model, train_data, val_data, cfg, sampler=sampler, batch_sampler=batch_sampler)
+        self._order = {"sampler": sampler, "batch_sampler": batch_sampler}
         self.model, self.val_data, self.loss_fn = model, val_data, loss_fn
         # Who drives this Trainer: messages name CLI flags ("cli") or Python arguments ("api").
         self.interface = "api"
@@ -176,6 +180,7 @@ class Trainer:
             accumulation=self.accumulation,
             rank=dist.rank,
             world_size=dist.world_size,
+            **self._order,
         )
         self.forward_model = compile_model(wrapped, cfg.compile.mode)
         self._params = [p for p in self.model.parameters() if p.requires_grad]
@@ -190,6 +195,7 @@ class Trainer:
             self.precision.make_scaler(),
             EarlyStopping(cfg.early_stopping.patience, cfg.early_stopping.min_delta),
             RunGuard(cfg.guard),
+            self.batches,
         )
         layout = Layout(
             self.effective_batch, self.accumulation, self.batches.steps_per_epoch, horizon
@@ -316,12 +322,7 @@ class Trainer:
             stop = self.watch.evaluated(self.evaluate())  # always evaluated: `or` would skip it
             finished = finished or stop
         reason = finished or "data_exhausted"
-        # A loader that fails while a stop is pending (a worker lost to the group's SIGTERM)
-        # ends the loop, not the run: every finished step is saved below.
-        windows = UntilStop(
-            self.batches.windows(s) if finished is None else iter(()),
-            lambda: self.checkpointer.preempted and not self.dist.enabled,
-        )
+        windows = self.batches.windows(s, self.dist) if finished is None else iter(())
         clock = RunClock(s.seconds)
         self.checkpointer.start()
         try:
@@ -338,11 +339,14 @@ class Trainer:
                     clock.step_start = time.perf_counter()
                     monitor.timer.start()
             reason = self.watch.flush(monitor) or reason
-            if windows.error is not None:
+            if self.batches.error is not None:
+                # The data raised (a worker lost to the group's SIGTERM, a source gone): every
+                # finished step is saved, and a stop that was asked for is a preemption.
                 self.checkpointer.save(emergency=True)
-                reason = "preempted"
+                reason = "preempted" if self.checkpointer.preempted else "data_error"
             # A diverged run keeps its last good checkpoint as the newest.
-            if reason not in ("preempted", "diverged") and self.config.checkpoint.final:
+            final = reason not in ("preempted", "diverged", "data_error")
+            if final and self.config.checkpoint.final:
                 self.checkpointer.save(final=True)
             self.checkpoint_status = self.checkpointer.finish()
             self.dist.barrier()  # no rank leaves while rank 0 still writes the checkpoint
@@ -355,6 +359,11 @@ class Trainer:
         result = fit_result(self, reason, monitor, time.perf_counter() - wall_start)
         if self.dist.is_main:
             self.diagnosis = write_outputs(self, result, monitor)
+        if reason == "data_error":
+            raise DataSourceError(
+                f"the training data raised {self.batches.error} after step {s.step}, which is "
+                "saved: fix the source and run the same command to resume there"
+            )
         return result
 
     def _step(self, window: list[Any], monitor: RunMonitor, clock: RunClock) -> str | None:

@@ -1,6 +1,6 @@
-"""The training batches: the train loader (its worker count measured or given), the sampler
-that resumes mid-epoch, and accumulation windows of micro-batches from the saved position;
-and the loader of an evaluation."""
+"""The training batches: the source (thrifty's order over a map-style dataset, your sampler, a
+stream, or your DataLoader), its worker count measured or given, and accumulation windows of
+micro-batches from the saved position; and the loader of an evaluation."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from thrifty.config import TrainConfig
-from thrifty.errors import ConfigError
+from thrifty.errors import ConfigError, ThriftyError
 from thrifty.levers.data_loading import (
     EpochSampler,
     LoaderSettings,
@@ -24,18 +24,31 @@ from thrifty.levers.data_loading import (
     resolve_pin_memory,
     training_rng_kept,
 )
+from thrifty.levers.sources import (
+    LoaderSource,
+    MapSource,
+    OrderSource,
+    Source,
+    StreamSource,
+    check_loader,
+    describe,
+    is_stream,
+    loader_builder,
+)
 from thrifty.run.preemption import parse_signals
 from thrifty.run.state import TrainState
+from thrifty.strategies.process_group import Distributed
 
 log = logging.getLogger("thrifty")
 
 
 class TrainBatches:
-    """This rank's training data as accumulation windows, epoch after epoch."""
+    """This rank's training data as accumulation windows, pass after pass, in any of the
+    shapes `thrifty.levers.sources` describes; its state goes into every checkpoint."""
 
     def __init__(
         self,
-        data: Dataset,
+        data: Any,
         config: TrainConfig,
         device: torch.device,
         collate_fn: Callable[[list[Any]], Any] | None,
@@ -44,6 +57,8 @@ class TrainBatches:
         accumulation: int,
         rank: int,
         world_size: int,
+        sampler: Any = None,
+        batch_sampler: Any = None,
     ) -> None:
         self.config = config
         self.device = device
@@ -51,62 +66,155 @@ class TrainBatches:
         self.micro = micro
         self.accumulation = accumulation
         self.world_size = world_size
-        d = config.data
-        n = len(cast(Sized, data))  # map-style: checked by thrifty.inputs.check_dataset
         self.worker_choice: WorkerChoice | None = None
+        self.error: str | None = None  # what the data raised, ending the run
+        self.source = self._source(data, rank, sampler, batch_sampler)
+        self._state: Any = None  # the source's state after the last window handed out
+        line = describe(self.source)
+        if line is not None:
+            log.warning("data: %s", line)
+        per_pass = self.source.batches_per_pass
+        self.steps_per_epoch = None if per_pass is None else per_pass // accumulation
+        if self.steps_per_epoch == 0:
+            effective = micro * accumulation * world_size
+            raise ConfigError(
+                f"batch.effective = {effective} is invalid: the training set has only "
+                f"{per_pass} batches of {micro} on this rank; use a smaller batch"
+                if not isinstance(self.source, MapSource)
+                else f"batch.effective = {effective} is invalid: the training set has only "
+                f"{len(cast(Sized, data))} samples; use a smaller batch"
+            )
+        if self.steps_per_epoch is None and config.run.max_epochs is not None:
+            raise ConfigError(
+                f"run.max_epochs = {config.run.max_epochs} needs the data's length and "
+                "train_data has none (a stream without __len__): set run.max_steps, "
+                "run.max_tokens or run.max_time instead"
+            )
+
+    def _source(self, data: Any, rank: int, sampler: Any, batch_sampler: Any) -> Source:
+        if isinstance(data, DataLoader):
+            check_loader(data, self.micro)
+            return LoaderSource(data, self.micro)
+        d, world, seed = self.config.data, self.world_size, self.config.run.seed
+        stream = is_stream(data)
         workers = d.num_workers
-        if workers == "auto":
-            self.worker_choice = choose_num_workers(data, self.settings(micro, 0), collate_fn)
+        if workers == "auto" and stream:
+            workers = 0
+            log.info("data: num_workers = 0 for a stream (auto measures map-style datasets)")
+        elif workers == "auto":
+            self.worker_choice = choose_num_workers(
+                data, self.settings(self.micro, 0), self.collate_fn
+            )
             workers = self.worker_choice.num_workers
             log.info("data: %s", self.worker_choice.describe())
-        self.sampler = EpochSampler(
-            n, shuffle=d.shuffle, seed=config.run.seed, rank=rank, world_size=world_size
-        )
-        self.loader: DataLoader = build_loader(
-            data,
-            self.sampler,
-            self.settings(micro, int(workers)),
-            collate_fn,
-            seed=config.run.seed,
-            stop_signals=parse_signals(config.spot.signals),  # workers leave them to us
-        )
-        effective = micro * accumulation * world_size
-        self.steps_per_epoch = n // effective
-        if self.steps_per_epoch == 0:
-            raise ConfigError(
-                f"batch.effective = {effective} is invalid: the training set has "
-                f"only {n} samples; use a smaller batch"
+        settings = self.settings(self.micro, int(workers))
+        signals = parse_signals(self.config.spot.signals)  # workers leave them to us
+        if stream:
+            build = loader_builder(settings, self.collate_fn, seed, signals)
+            return StreamSource(
+                data, micro=self.micro, rank=rank, world=world, workers=int(workers), build=build
             )
+        if sampler is not None or batch_sampler is not None:
+            build = loader_builder(settings, self.collate_fn, seed, signals)
+            order = batch_sampler if batch_sampler is not None else sampler
+            return OrderSource(
+                data,
+                order,
+                batched=batch_sampler is not None,
+                micro=self.micro,
+                rank=rank,
+                world=world,
+                build=build,
+            )
+        n = len(cast(Sized, data))  # map-style: checked by thrifty.inputs.check_dataset
+        epochs = EpochSampler(n, shuffle=d.shuffle, seed=seed, rank=rank, world_size=world)
+        loader = build_loader(
+            data, epochs, settings, self.collate_fn, seed=seed, stop_signals=signals
+        )
+        return MapSource(loader, epochs, self.micro)
+
+    @property
+    def loader(self) -> Any:
+        return self.source.loader
 
     @property
     def num_workers(self) -> int:
-        return self.loader.num_workers
+        return int(self.source.loader.num_workers)
 
     def settings(self, batch_size: int, num_workers: int) -> LoaderSettings:
         d = self.config.data
         pin = resolve_pin_memory(d.pin_memory, self.device.type, num_workers)
         return LoaderSettings(batch_size, num_workers, pin, d.prefetch_factor, d.persistent_workers)
 
-    def windows(self, progress: TrainState) -> Iterator[list[Any]]:
+    def windows(self, progress: TrainState, dist: Distributed | None = None) -> Iterator[list[Any]]:
         """Accumulation windows of micro-batches from `progress`'s position, which they move
-        to the next epoch as each one ends (the step's own count is the caller's)."""
+        to the next pass as each one ends (the step's own count is the caller's). With several
+        processes, the ranks agree before each window: a pass ends for all when it ends for
+        one, and an error on one stops them all (`error`), so none waits in a collective."""
         max_epochs = self.config.run.max_epochs
         while max_epochs is None or progress.epoch < max_epochs:
-            self.sampler.set_epoch(progress.epoch, progress.batch_in_epoch * self.micro)
-            batches = iter(self.loader)
-            for _ in range(self.steps_per_epoch - progress.batch_in_epoch // self.accumulation):
-                with self._fetching():
-                    window = [next(batches) for _ in range(self.accumulation)]
+            if progress.batch_in_epoch and not self.source.exact:
+                progress.batch_in_epoch = 0  # said as the run started: the pass restarts
+            batches = self.source.begin(progress.epoch, progress.batch_in_epoch)
+            known = self.steps_per_epoch
+            left = None if known is None else known - progress.batch_in_epoch // self.accumulation
+            handed = 0
+            while left is None or handed < left:
+                window = self._fetch(batches)
+                if self._ended(window is None, dist) or window is None:
+                    break
+                if self.source.changing_state:
+                    self._state = self.source.state_dict()
+                handed += 1
                 yield window
+            if self.error is not None:
+                return
+            if handed == 0 and progress.batch_in_epoch == 0:
+                raise ThriftyError(
+                    f"train_data yielded no full window ({self.accumulation} micro-batches of "
+                    f"{self.micro}) in a pass: check the data source, or use a smaller batch"
+                )
             progress.epoch += 1
             progress.batch_in_epoch = 0
+
+    def _fetch(self, batches: Iterator[Any]) -> list[Any] | None:
+        """The next window; None at the end of the pass, or when the data raised (`error`)."""
+        try:
+            with self._fetching():
+                return [next(batches) for _ in range(self.accumulation)]
+        except StopIteration:
+            return None
+        except Exception as exc:
+            text = str(exc).strip().splitlines()
+            self.error = f"{type(exc).__name__}: {text[0] if text else 'no message'}"
+            log.error("the training data raised %s", self.error)
+            return None
+
+    def _ended(self, ended: bool, dist: Distributed | None) -> bool:
+        if dist is None or not dist.enabled:
+            return ended
+        ends, errors = dist.sum_ints([int(ended), int(self.error is not None)])
+        if errors and self.error is None:
+            self.error = "an error on another rank (its log names it)"
+        return ends > 0
 
     def _fetching(self) -> contextlib.AbstractContextManager[Any]:
         """Around a window's fetch: with 0 workers and seeded batches, the training's random
         streams are kept once for the whole window rather than once a micro-batch."""
-        if self.loader.num_workers == 0 and isinstance(self.loader.dataset, SeededSamples):
+        loader = self.source.loader
+        if loader.num_workers == 0 and isinstance(loader.dataset, SeededSamples):
             return training_rng_kept()
         return contextlib.nullcontext()
+
+    def state_dict(self) -> Any:
+        """Where the data is beyond the position (epoch, micro-batches): None for thrifty's
+        own order."""
+        return self._state if self.source.changing_state else self.source.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        if state is not None:
+            self.source.load_state_dict(state)
+            self._state = state
 
     def eval_loader(self, data: Dataset, rank: int) -> DataLoader:
         """The validation set in order, this rank's share, no workers."""
@@ -119,6 +227,6 @@ class TrainBatches:
     def close(self) -> None:
         """Stop the workers: they ignore SIGTERM (the main process handles it), so they are
         stopped here rather than left to the interpreter's exit."""
-        close = getattr(self.loader, "close", None)
+        close = getattr(self.source.loader, "close", None)
         if close is not None:
             close()

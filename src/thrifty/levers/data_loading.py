@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import os
 import random
 import signal
@@ -150,10 +151,66 @@ class SeededSamples(Dataset):
             return [self.dataset[i] for i in indices]
 
 
+# --- the epoch order ----------------------------------------------------------------------------
+
+# The algorithm of the epoch order, recorded in checkpoints: a run resumed under another order
+# would see other samples. Change the name whenever `epoch_order` changes its output.
+SHUFFLE = "feistel-1"
+
+_ROUNDS = 6  # Luby-Rackoff: 4 already make a pseudo-random permutation; 6 spread small n evenly
+_BLOCK = 16384  # positions computed per batch of tensor operations (128 KB tensors)
+_MASK32 = 0xFFFFFFFF
+
+
+def _round_keys(seed: int, epoch: int) -> list[int]:
+    """The Feistel round keys of epoch `epoch`, 32 bits each. Apart from every `sample_seed`:
+    where that mixes in a position, this mixes in bit 63, which no position has."""
+    base = _mix(_mix(_mix(seed & _MASK64) ^ epoch) ^ (1 << 63))
+    return [_mix(base ^ r) & _MASK32 for r in range(_ROUNDS)]
+
+
+def _feistel(x: torch.Tensor, a: int, b: int, keys: list[int]) -> torch.Tensor:
+    """A bijection of [0, a × b) (a, b <= 2**31): Feistel rounds on x = left × b + right with
+    modular addition, left in [0, a) and right in [0, b), the two ranges swapping each round.
+    Every product stays below 2**63: int64 never overflows."""
+    left, right = x // b, x % b
+    for key in keys:
+        h = ((right ^ key) * 0x21F0AAAD) & _MASK32  # a 32-bit hash of right (lowbias32's shape)
+        h = ((h ^ (h >> 16)) * 0x735A2D97) & _MASK32
+        s = left + ((h * a) >> 32)  # plus the hash scaled to [0, a)
+        left, right = right, torch.where(s >= a, s - a, s)
+        a, b = b, a
+    return left * b + right
+
+
+def epoch_order(positions: torch.Tensor, length: int, seed: int, epoch: int) -> torch.Tensor:
+    """The dataset indices at `positions` (int64, each in [0, length)) of epoch `epoch`'s
+    shuffled order of `length` samples (at most 2**62).
+
+    The order is a keyed bijection computed on the fly, so a rank holds no permutation (a list
+    of 240 M indices is about 9 GB) and starts anywhere in it for free. It is a Feistel network
+    on [0, a × b), a = ceil(sqrt(length)), b = ceil(length / a), re-applied to a value until it
+    falls below `length` (cycle-walking). The even-bit power of two a balanced network needs
+    can hold up to 4 × `length` values, and so up to 4 passes a position on average; this
+    domain holds fewer than `length` + a, so all but about 1 in sqrt(`length`) take one pass.
+    """
+    n = max(length, 1)
+    a = math.isqrt(n - 1) + 1
+    b = -(-n // a)
+    keys = _round_keys(seed, epoch)
+    out = _feistel(positions, a, b, keys)
+    outside = out >= length
+    while bool(outside.any()):
+        out[outside] = _feistel(out[outside], a, b, keys)
+        outside = out >= length
+    return out
+
+
 class EpochSampler(Sampler[int]):
-    """Indices of one epoch: a permutation seeded by (seed, epoch), this rank's share of it,
-    starting `start` samples in, so a resumed run skips straight to where it was instead of
-    replaying the epoch."""
+    """Indices of one epoch: an order seeded by (seed, epoch) (`epoch_order`), this rank's
+    share of it, starting `start` samples in, so a resumed run skips straight to where it was
+    instead of replaying the epoch. Rank r gets positions r, r + W, r + 2W, ... of the order
+    over its first (length // W) × W positions: equal shares, so no rank waits on another."""
 
     def __init__(
         self,
@@ -177,23 +234,29 @@ class EpochSampler(Sampler[int]):
         self.epoch = epoch
         self.start = start
 
-    def _indices(self) -> list[int]:
-        if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            order = torch.randperm(self.length, generator=g).tolist()
-        else:
-            order = list(range(self.length))
-        per_rank = self.length // self.world_size  # equal shares: no rank waits on another
-        return order[self.rank : per_rank * self.world_size : self.world_size]
+    def _blocks(self, epoch: int, start: int) -> Iterator[tuple[list[int], list[int]]]:
+        """(indices, positions) of this rank's samples from `start` on, a block at a time."""
+        per_rank = self.length // self.world_size
+        for first in range(start, per_rank, _BLOCK):
+            k = torch.arange(first, min(first + _BLOCK, per_rank), dtype=torch.int64)
+            positions = self.rank + k * self.world_size
+            indices = positions
+            if self.shuffle:
+                indices = epoch_order(positions, self.length, self.seed, epoch)
+            yield indices.tolist(), positions.tolist()
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._indices()[self.start :])
+        # The epoch and start are read now, as the iterator is made, not at its first sample.
+        return (i for indices, _ in self._blocks(self.epoch, self.start) for i in indices)
 
     def keys(self) -> Iterator[SampleKey]:
         """The same samples as iterating, each with its epoch and position (what seeds it)."""
-        indices = self._indices()
-        for k in range(self.start, len(indices)):
-            yield (indices[k], self.epoch, self.rank + k * self.world_size)
+        epoch = self.epoch
+        return (
+            (i, epoch, p)
+            for indices, positions in self._blocks(epoch, self.start)
+            for i, p in zip(indices, positions, strict=True)
+        )
 
     def __len__(self) -> int:
         return self.length // self.world_size - self.start
@@ -483,9 +546,27 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def local_world_size() -> int:
+    """The processes of this job on this node: torchrun's LOCAL_WORLD_SIZE, 1 without it."""
+    text = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ConfigError(
+            f"LOCAL_WORLD_SIZE must be a positive integer (the processes on this node), "
+            f"got {text!r}: unset it or launch with torchrun, which sets it"
+        )
+    return int(text)
+
+
+def cpus_per_rank() -> int:
+    """This process's share of the CPUs for loader workers. The ranks on a node usually may
+    all use all of its CPUs, so each measuring up to all of them would start ranks × CPUs
+    workers: the CPUs are divided among the node's ranks (at least 1 each)."""
+    return max(1, available_cpus() // local_world_size())
+
+
 def worker_candidates(cpus: int | None = None, limit: int = 8) -> list[int]:
-    """0, 1, 2, 4, ... up to the CPUs this process may use (and at most `limit`)."""
-    cpus = min(cpus or available_cpus(), limit)
+    """0, 1, 2, 4, ... up to `cpus` (by default `cpus_per_rank()`), and at most `limit`."""
+    cpus = min(cpus or cpus_per_rank(), limit)
     candidates = [0]
     n = 1
     while n <= cpus:

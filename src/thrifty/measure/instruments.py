@@ -46,10 +46,12 @@ def count_step_flops(
     traced."""
     if not config.measure.breakdown:
         return None
-    from torch.utils.data import default_collate
+    from torch.utils.data import DataLoader, default_collate
 
-    collate = collate_fn or default_collate
-    batch = to_device(collate([data[i] for i in range(micro)]), device)
+    from thrifty.levers.sources import first_samples
+
+    collate = collate_fn or (data.collate_fn if isinstance(data, DataLoader) else default_collate)
+    batch = to_device(collate(first_samples(data, micro)), device)
 
     def call(m: nn.Module, b: Any) -> torch.Tensor:
         with precision.autocast():

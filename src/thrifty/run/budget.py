@@ -18,8 +18,9 @@ class Budget:
     epoch_steps: int | None = None  # run.max_epochs × the steps of an epoch
 
     @classmethod
-    def of(cls, run: RunConfig, steps_per_epoch: int) -> Budget:
-        epochs = run.max_epochs * steps_per_epoch if run.max_epochs else None
+    def of(cls, run: RunConfig, steps_per_epoch: int | None) -> Budget:
+        """`steps_per_epoch` is None for data of unknown length (refused with max_epochs)."""
+        epochs = run.max_epochs * steps_per_epoch if run.max_epochs and steps_per_epoch else None
         return cls(run.max_steps, run.max_tokens, run.max_seconds, epochs)
 
     def out_of_time(self, seconds: float) -> bool:

@@ -59,6 +59,7 @@ class Stateful:
     scaler: LossScaler
     early_stopping: EarlyStopping
     guard: RunGuard
+    data: Any = None  # the training data's state beyond its position (a TrainBatches)
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Layout:
 
     effective_batch: int
     accumulation: int
-    steps_per_epoch: int
+    steps_per_epoch: int | None  # None: data of unknown length (a stream)
     horizon: int | None  # the schedule's steps
 
 
@@ -196,12 +197,15 @@ class RunCheckpointer:
         )
         shard_seconds = time.perf_counter() - shard_start if files else 0.0
         rngs = d.gather(rng_state()) if d.enabled else None
+        datas = d.gather(self._data_state()) if d.enabled else None
         if not d.is_main:
             saves.saved(step)
             return time.perf_counter() - start
         state = self.state_dict()
         if rngs is not None:
             state["rank_rng"] = rngs
+        if datas is not None:
+            state["rank_data"] = datas
         if sharded is not None:
             state["sharded"] = sharded
         if emergency:
@@ -271,6 +275,7 @@ class RunCheckpointer:
             guard=p.guard.state_dict(),
             progress=self.progress.state_dict(),
             rng=rng_state(),
+            data=self._data_state(),
             effective_batch=layout.effective_batch,
             accumulation=layout.accumulation,
             world_size=self.dist.world_size,
@@ -327,11 +332,33 @@ class RunCheckpointer:
         if saved_accumulation != layout.accumulation:  # FSDP resharded: same windows, new split
             windows = self.progress.batch_in_epoch // saved_accumulation
             self.progress.batch_in_epoch = windows * layout.accumulation
+        self._load_data_state(state)
         rngs = state.get("rank_rng") or [state["rng"]]
         if d.rank < len(rngs):
             set_rng_state(rngs[d.rank])
         else:  # a rank the saved job did not have (FSDP at a larger world size)
             seed_everything(self.config.run.seed + d.rank + 1_000_003 * self.progress.step)
+
+    def _data_state(self) -> Any:
+        data = self.parts.data
+        return None if data is None else data.state_dict()
+
+    def _load_data_state(self, state: dict[str, Any]) -> None:
+        """This rank's data state, where the training data keeps one (a stream, a stateful
+        loader, your sampler)."""
+        data = self.parts.data
+        datas = state.get("rank_data") or [state.get("data")]
+        if data is None or all(x is None for x in datas):
+            return
+        if self.dist.rank < len(datas) and len(datas) == self.dist.world_size:
+            data.load_state_dict(datas[self.dist.rank])
+        else:  # FSDP resharded to another world size: the streams' split is another one
+            log.warning(
+                "the checkpoint's data state is for %d process(es), and this run has %d: the "
+                "data restarts its pass",
+                len(datas),
+                self.dist.world_size,
+            )
 
     def _check_model(self, state: dict[str, Any], folder: str | None) -> None:
         check_compatible(
