@@ -52,7 +52,11 @@ def plain_stream(**args: Any) -> Stream:
 
 
 def failing_stream(**args: Any) -> Stream:
-    return Stream(fail_at=args.get("fail_at", 40))
+    """A stream whose source goes away at sample $STREAM_FAIL_AT (and is back without it)."""
+    import os
+
+    fail_at = os.environ.get("STREAM_FAIL_AT")
+    return Stream(fail_at=int(fail_at) if fail_at else None)
 
 
 def stateful_loader(**args: Any) -> Any:

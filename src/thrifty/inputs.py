@@ -48,7 +48,11 @@ def check_dataset(data: Any, where: str, micro_batch: int, micro_key: str) -> in
 
 
 def check_train_data(
-    train_data: Any, config: TrainConfig, sampler: Any, batch_sampler: Any
+    train_data: Any,
+    config: TrainConfig,
+    sampler: Any = None,
+    batch_sampler: Any = None,
+    where: str = "train_data",
 ) -> None:
     """A map-style dataset (alone or with your sampler), a stream, or your DataLoader."""
     from torch.utils.data import DataLoader
@@ -67,17 +71,17 @@ def check_train_data(
     if order and (loader or stream):
         what = "a DataLoader" if loader else f"a stream ({type(train_data).__name__})"
         raise ThriftyError(
-            f"a {order} needs a dataset it can index, and train_data is {what}: give the "
+            f"a {order} needs a dataset it can index, and {where} is {what}: give the "
             f"{order} a map-style Dataset (with __getitem__ and __len__)"
             + (", or build the DataLoader with it" if loader else "")
         )
     if (loader or stream) and config.batch.micro == "auto":
         raise ThriftyError(
-            "batch.micro = 'auto' measures with samples it indexes, and train_data is "
+            f"batch.micro = 'auto' measures with samples it indexes, and {where} is "
             f"{'a DataLoader' if loader else 'a stream'}: set batch.micro to a number"
         )
     if not (loader or stream):
-        check_dataset(train_data, "train_data", micro, "batch.micro")
+        check_dataset(train_data, where, micro, "batch.micro")
 
 
 def check_inputs(

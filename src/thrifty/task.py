@@ -67,7 +67,7 @@ def call_factory(factory: Any, args: dict[str, Any], field: str, args_field: str
 
 def build_task(config: TrainConfig) -> Task:
     """Call the factories of `config.task` (seed the RNG first: model init draws from it)."""
-    from thrifty.inputs import check_dataset, check_model
+    from thrifty.inputs import check_dataset, check_model, check_train_data
 
     t = config.task
     if t.model is None or t.train_data is None:
@@ -79,7 +79,7 @@ def build_task(config: TrainConfig) -> Task:
     micro = 1 if config.batch.micro == "auto" else config.batch.micro
     train_factory = import_object(t.train_data, "task.train_data")
     train = call_factory(train_factory, t.data_args, "task.train_data", "task.data_args")
-    check_dataset(train, f"what task.train_data = {t.train_data!r} returned", micro, "batch.micro")
+    check_train_data(train, config, where=f"what task.train_data = {t.train_data!r} returned")
     val = None
     if t.val_data:
         val_factory = import_object(t.val_data, "task.val_data")

@@ -134,6 +134,11 @@ class TrainBatches:
         return MapSource(loader, epochs, self.micro)
 
     @property
+    def thrifty_shuffles(self) -> bool:
+        """The order is thrifty's shuffle (`data_loading.SHUFFLE`)."""
+        return isinstance(self.source, MapSource) and self.config.data.shuffle
+
+    @property
     def loader(self) -> Any:
         return self.source.loader
 

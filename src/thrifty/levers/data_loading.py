@@ -9,8 +9,8 @@ Two things make a run with loader workers stop and resume as exactly as one with
   So workers ignore the signals the main process handles: they start with them blocked and
   ignore them before unblocking, so none is lost in between. A worker that dies of one anyway
   (a start method other than fork) is logged, not raised, since the main process got the same
-  signal and saves; and `UntilStop` lets the training loop save its last complete step when the
-  loader fails while that save is pending.
+  signal and saves; and a loader that fails mid-window ends the windows (`TrainBatches`), so the
+  training loop saves its last complete step.
 - Random augmentation. Which worker fetches which batch depends on where the iterator started,
   and each worker's random state on its id. So every batch is fetched with torch's, Python's and
   NumPy's generators seeded from (seed, epoch, position in the epoch): a batch draws the same
@@ -32,7 +32,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence, Sized
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, cast
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
@@ -41,7 +41,6 @@ from thrifty.errors import ConfigError
 
 log = logging.getLogger("thrifty.levers.data_loading")
 
-T = TypeVar("T")
 
 # The signals a scheduler stops a job with; the main process turns them into a checkpoint.
 STOP_SIGNALS: tuple[int, ...] = tuple(
@@ -367,39 +366,6 @@ def _tolerate_stopped_workers(signals: tuple[int, ...]) -> None:
     # attribute, which mypy does not know).
     on_child.thrifty_tolerant = True  # type: ignore[attr-defined]
     signal.signal(signal.SIGCHLD, on_child)
-
-
-class UntilStop(Generic[T]):
-    """Iterate `items`; when fetching one raises while `stopping()` is true (a loader worker
-    lost to the stop signal), end instead and keep the error in `error`.
-
-    The training loop fetches a whole accumulation window before computing on it, so at that
-    point every finished step is intact and the caller can save it as the stop asked.
-    """
-
-    def __init__(self, items: Iterator[T], stopping: Callable[[], bool]) -> None:
-        self.items = items
-        self.stopping = stopping
-        self.error: Exception | None = None
-
-    def __iter__(self) -> UntilStop[T]:
-        return self
-
-    def __next__(self) -> T:
-        if self.error is not None:
-            raise StopIteration
-        try:
-            return next(self.items)
-        except StopIteration:
-            raise
-        except Exception as exc:
-            if not self.stopping():
-                raise
-            self.error = exc
-            log.warning(
-                "data loading failed while stopping (%s): saving the last complete step", exc
-            )
-            raise StopIteration from None
 
 
 # Iterators whose workers ignore the stop signals. multiprocessing's exit hook stops daemon

@@ -22,6 +22,7 @@ resumes after a kill.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
@@ -391,6 +392,13 @@ def loader_builder(
         loader_class: type | None = None,
         persistent_workers: bool = settings.persistent_workers,
         **order: Any,
+    ) -> DataLoader:
+        with warnings.catch_warnings():  # torchdata calls a torch function torch deprecated
+            warnings.filterwarnings("ignore", message=".*set_vital.*")
+            return _build(data, loader_class, persistent_workers, order)
+
+    def _build(
+        data: Any, loader_class: type | None, persistent_workers: bool, order: dict[str, Any]
     ) -> DataLoader:
         loader = (loader_class or _Loader)(
             data,

@@ -26,6 +26,7 @@ from torch import nn
 
 from thrifty.config import TrainConfig
 from thrifty.errors import ConfigError, ThriftyError
+from thrifty.levers.data_loading import SHUFFLE
 from thrifty.levers.early_stopping import EarlyStopping
 from thrifty.levers.precision import LossScaler
 from thrifty.measure.cost import LostWork
@@ -276,6 +277,7 @@ class RunCheckpointer:
             progress=self.progress.state_dict(),
             rng=rng_state(),
             data=self._data_state(),
+            shuffle=SHUFFLE,
             effective_batch=layout.effective_batch,
             accumulation=layout.accumulation,
             world_size=self.dist.world_size,
@@ -333,6 +335,16 @@ class RunCheckpointer:
             windows = self.progress.batch_in_epoch // saved_accumulation
             self.progress.batch_in_epoch = windows * layout.accumulation
         self._load_data_state(state)
+        shuffled = self.parts.data is not None and self.parts.data.thrifty_shuffles
+        if shuffled and self.progress.batch_in_epoch and state.get("shuffle") != SHUFFLE:
+            log.warning(
+                "the checkpoint was written with another epoch order (%s, now %s): the rest of "
+                "epoch %d follows this one, so some of its samples may repeat and others be left "
+                "out; the epochs after it are whole",
+                state.get("shuffle", "randperm"),
+                SHUFFLE,
+                self.progress.epoch,
+            )
         rngs = state.get("rank_rng") or [state["rng"]]
         if d.rank < len(rngs):
             set_rng_state(rngs[d.rank])

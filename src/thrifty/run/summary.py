@@ -58,8 +58,9 @@ def fit_result(
 
 def write_outputs(trainer: Trainer, result: FitResult, monitor: RunMonitor) -> Any:
     """Rank 0: diagnose the run and write diagnosis.json (with what the guard saved, beside
-    the bottleneck) and summary.json (the FitResult and the run's set-up). A preempted run
-    writes no summary: summary.json marks a finished run. Returns the diagnosis."""
+    the bottleneck) and summary.json (the FitResult and the run's set-up). A run preempted or
+    stopped by its data writes no summary: summary.json marks a finished run. Returns the
+    diagnosis."""
     t, choice = trainer, trainer.batches.worker_choice
     diagnosis = instruments.diagnose_run(
         monitor,
@@ -77,7 +78,7 @@ def write_outputs(trainer: Trainer, result: FitResult, monitor: RunMonitor) -> A
     if diagnosis is not None:
         guard = t.parts.guard.summary()
         write_json(t.run_dir / "diagnosis.json", {**diagnosis.to_dict(), "guard": guard})
-    if result.stop_reason == "preempted":
+    if result.stop_reason in ("preempted", "data_error"):  # unfinished: resumed later
         return diagnosis
     summary = asdict(result)
     summary["final_val_loss"] = summary.pop("val_loss")
