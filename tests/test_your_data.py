@@ -178,7 +178,8 @@ class Windows(Dataset):
 def test_your_weighted_sampler_replaces_the_shuffle_and_resumes_exactly(tmp_path):
     def sampler() -> WeightedRandomSampler:
         weights = torch.linspace(0.1, 1.0, 64)
-        return WeightedRandomSampler(weights, 64, generator=torch.Generator().manual_seed(5))
+        # 16 draws an epoch: the cut at step 3 falls in the second of three epochs.
+        return WeightedRandomSampler(weights, 16, generator=torch.Generator().manual_seed(5))
 
     # The generator's state as the epoch began travels in the checkpoint; the resume skips
     # the indices already consumed.
@@ -349,3 +350,77 @@ def test_a_source_that_raises_mid_run_stops_with_its_steps_saved_and_resumes(tmp
     )
     assert fixed.returncode == 0, fixed.stderr
     assert "resumed from step 5" in fixed.stderr
+
+
+def fed_to_ranks(data: Dataset, world: int, **order: Any) -> list[list[int]]:
+    """The sample ids each of `world` ranks is fed in one pass, read through TrainBatches."""
+    config = TrainConfig.from_dict(
+        {
+            "run": {"max_epochs": 1, "device": "cpu"},
+            "batch": {"micro": 4, "effective": 4 * world},
+            "data": {"num_workers": 0},
+        }
+    )
+    fed = []
+    for rank in range(world):
+        batches = TrainBatches(
+            data,
+            config,
+            torch.device("cpu"),
+            None,
+            micro=4,
+            accumulation=1,
+            rank=rank,
+            world_size=world,
+            **{k: v(rank) for k, v in order.items()},
+        )
+        fed.append(
+            [i for w in batches.windows(TrainState()) for i in w[0]["input_ids"][:, 0].tolist()]
+        )
+    return fed
+
+
+def test_your_sampler_is_shared_out_among_the_ranks():
+    order = [(7 * i) % 64 for i in range(64)]  # a permutation of its own
+    fed = fed_to_ranks(Ids(), 2, sampler=lambda rank: order)
+    assert fed[0] == order[0::2] and fed[1] == order[1::2]
+
+
+def test_a_sampler_that_shards_itself_is_taken_whole():
+    from torch.utils.data import DistributedSampler
+
+    def sampler(rank: int) -> DistributedSampler:
+        return DistributedSampler(Ids(), num_replicas=2, rank=rank, shuffle=True, seed=1)
+
+    fed = fed_to_ranks(Ids(), 2, sampler=sampler)
+    assert fed[0] == list(sampler(0)) and fed[1] == list(sampler(1))
+    assert sorted(fed[0] + fed[1]) == list(range(64))
+
+
+class Bucketed(torch.utils.data.Sampler[int]):
+    """A sampler with state of its own (no torch generator to be found): it shuffles with
+    Python's `random` seeded by (seed, epoch, draws so far), and says so in `state_dict`."""
+
+    def __init__(self, n: int = 16, seed: int = 9) -> None:
+        self.n, self.seed, self.draws = n, seed, 0
+
+    def __iter__(self):
+        import random
+
+        order = list(range(self.n))
+        random.Random(self.seed * 1000 + self.draws).shuffle(order)
+        self.draws += 1
+        return iter(order)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def state_dict(self) -> dict[str, int]:
+        return {"draws": self.draws}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.draws = state["draws"]
+
+
+def test_a_sampler_with_state_dict_resumes_exactly(tmp_path):
+    assert resumed_equals_whole(tmp_path, Windows, sampler=Bucketed)

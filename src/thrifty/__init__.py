@@ -40,6 +40,7 @@ _EXPORTS = {
     "tune": "thrifty.tuning",
     "ThriftyError": "thrifty.errors",
     "ConfigError": "thrifty.errors",
+    "DataSourceError": "thrifty.errors",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -158,7 +158,8 @@ class TrainBatches:
         one, and an error on one stops them all (`error`), so none waits in a collective."""
         max_epochs = self.config.run.max_epochs
         while max_epochs is None or progress.epoch < max_epochs:
-            if progress.batch_in_epoch and not self.source.exact:
+            source = self.source
+            if progress.batch_in_epoch and source.changing_state and not source.exact:
                 progress.batch_in_epoch = 0  # said as the run started: the pass restarts
             batches = self.source.begin(progress.epoch, progress.batch_in_epoch)
             known = self.steps_per_epoch

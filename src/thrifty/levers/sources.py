@@ -355,9 +355,9 @@ def check_loader(loader: DataLoader, micro: int) -> None:
 
 
 def is_stream(data: Any) -> bool:
-    return isinstance(data, IterableDataset) or (
-        not hasattr(data, "__getitem__") and hasattr(data, "__iter__")
-    )
+    """An IterableDataset. A bare iterator (a generator) is not one: it cannot start a second
+    pass, nor be copied to a loader worker."""
+    return isinstance(data, IterableDataset) or _is_hf_stream(data)
 
 
 def first_samples(data: Any, n: int) -> list[Any]:
@@ -433,6 +433,7 @@ def describe(source: Source) -> str | None:
             "from the start; torchdata's StatefulDataLoader resumes where it was"
         )
     return (
-        "the sampler draws its order with no state to save (give it a seeded generator or a "
-        "state_dict): a resumed run skips the consumed samples of another order"
+        "the sampler has no state_dict and no torch generator, so its state cannot be saved: a "
+        "resume skips the samples consumed, which is exact only if its order follows from its "
+        "epoch (set_epoch)"
     )
