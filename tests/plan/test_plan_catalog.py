@@ -62,13 +62,26 @@ def test_both_price_snapshots_are_kept_and_the_plain_name_is_the_newer() -> None
     catalog = load_catalog()
     assert catalog.instance("p4d.24xlarge").on_demand_per_hour == 21.96
     assert catalog.instance("p4d.24xlarge@v7").on_demand_per_hour == 32.77
-    assert catalog.instance("p4d.24xlarge@v7").spot_range == (5.09, 9.61)
+    assert catalog.instance("p4d.24xlarge@v7").spot_range == (5.0933, 9.6107)
 
 
-def test_typical_spot_is_the_midpoint_of_a_listed_range() -> None:
-    instance = load_catalog().instance("p4d.24xlarge@v7")
+def test_typical_spot_falls_back_to_the_midpoint_only_where_zones_are_not_listed(
+    tmp_path,
+) -> None:
+    user = tmp_path / "range.toml"
+    user.write_text(USER_ROW.replace("spot = 6.00", "spot_low = 5.09\nspot_high = 9.61"))
+    instance = load_catalog(user).instance("p4d.24xlarge")
     assert instance.spot_per_hour == pytest.approx((5.09 + 9.61) / 2)
-    assert instance.price_per_hour("spot") == pytest.approx(7.35)
+    assert instance.spot_basis == "midpoint of the range (zones not listed)"
+
+
+def test_zones_and_a_range_together_are_refused(tmp_path) -> None:
+    user = tmp_path / "both.toml"
+    user.write_text(
+        USER_ROW.replace("spot = 6.00", "spot_zones = { a = 1.0 }\nspot_low = 1\nspot_high = 2")
+    )
+    with pytest.raises(CatalogError, match="spot_zones' and spot_low/spot_high both given"):
+        load_catalog(user)
 
 
 def test_per_gpu_prices_are_multiplied_by_the_gpu_count() -> None:

@@ -11,10 +11,42 @@ from thrifty.plan.memory import layer_activation_bytes
 SHAPE = ModelShape(layers=32, hidden=4096, heads=32, vocab=32000, seq=4096)
 
 
-def test_mixed_precision_adamw_needs_sixteen_bytes_per_parameter() -> None:
-    per = bytes_per_param("bf16", "adamw")
+def test_mixed_precision_adamw_needs_sixteen_bytes_per_parameter_in_the_zero_layout() -> None:
+    # ZeRO paper / EleutherAI "Transformer Math 101": 2 + 2 + 4 (fp32 master) + 8 (AdamW)
+    per = bytes_per_param("bf16", "adamw", "16-bit")
     assert (per.weights, per.gradients, per.master, per.optimizer) == (2, 2, 4, 8)
     assert per.total == 16
+
+
+def test_autocast_keeps_fp32_parameters_and_gradients_and_no_master_copy() -> None:
+    # torch.autocast leaves parameters (and so gradients) fp32; AdamW updates them directly
+    per = bytes_per_param("bf16", "adamw")
+    assert (per.weights, per.gradients, per.master, per.optimizer) == (4, 4, 0, 8)
+    assert per.total == 16
+
+
+# Issue 14, item 9: 7B on 8 GPUs with ZeRO-1. Autocast: 4 + 4 + 8/8 = 9 bytes/param = 63e9 B =
+# 58.67 GiB; the 16-bit layout: 2 + 2 + (4 + 8)/8 = 5.5 bytes/param = 38.5e9 B = 35.86 GiB.
+@pytest.mark.parametrize(("layout", "gib"), [("autocast", 58.6733), ("16-bit", 35.8559)])
+def test_7b_zero1_on_8_gpus_by_layout(layout: str, gib: float) -> None:
+    plan = memory(7e9, zero_stage=1, shards=8, layout=layout)
+    assert plan.total / 2**30 == pytest.approx(gib, abs=1e-4)
+    assert plan.layout == layout
+    assert plan.layout_totals == pytest.approx({"autocast": 63e9, "16-bit": 38.5e9})
+
+
+def test_the_memory_section_says_which_layout_its_figures_assume() -> None:
+    notes = memory(7e9, zero_stage=1, shards=8).assumptions
+    assert notes[0].startswith("autocast layout (fp32 parameters and gradients) for the figures")
+    assert notes[1] == (
+        "the 16-bit layout (ZeRO paper: 16-bit weights and gradients, fp32 master copy) "
+        "would need 35.86 GiB per GPU"
+    )
+
+
+def test_fp32_training_has_one_layout() -> None:
+    plan = memory(1e9, dtype="fp32", layout="16-bit")
+    assert plan.layout == "fp32" and plan.layout_totals == {"fp32": 16e9}
 
 
 @pytest.mark.parametrize(
@@ -35,10 +67,19 @@ def test_bytes_per_parameter_by_precision_and_optimizer(
 
 def test_zero_stages_shard_optimizer_then_gradients_then_weights() -> None:
     n, shards = 1e9, 8
-    stage = {s: memory(n, zero_stage=s, shards=shards) for s in range(4)}
+    stage = {s: memory(n, zero_stage=s, shards=shards, layout="16-bit") for s in range(4)}
     assert stage[0].states == pytest.approx(16e9)
     assert stage[1].states == pytest.approx(2e9 + 2e9 + 12e9 / 8)
     assert stage[2].states == pytest.approx(2e9 + 2e9 / 8 + 12e9 / 8)
+    assert stage[3].states == pytest.approx(16e9 / 8)
+
+
+def test_zero_stages_under_autocast_shard_fp32_parameters_and_gradients() -> None:
+    n, shards = 1e9, 8
+    stage = {s: memory(n, zero_stage=s, shards=shards) for s in range(4)}
+    assert stage[0].states == pytest.approx(16e9)
+    assert stage[1].states == pytest.approx(4e9 + 4e9 + 8e9 / 8)
+    assert stage[2].states == pytest.approx(4e9 + 4e9 / 8 + 8e9 / 8)
     assert stage[3].states == pytest.approx(16e9 / 8)
 
 
@@ -93,6 +134,7 @@ def test_the_attention_implementation_is_stated() -> None:
         ({"zero_stage": 4}, "zero_stage must be 0, 1, 2 or 3"),
         ({"micro_batch": 0}, "micro_batch must be a whole number > 0, got 0"),
         ({"optimizer": "adam"}, "optimizer must be one of adamw, sgd-momentum, sgd, got 'adam'"),
+        ({"layout": "fp16"}, "layout must be one of autocast, 16-bit, got 'fp16'"),
     ],
 )
 def test_bad_memory_options_are_refused(kwargs: dict, match: str) -> None:

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from thrifty.errors import ConfigError
-from thrifty.plan import allreduce_seconds, scaling
-from thrifty.plan.scaling import overlap_applies, scaling_conclusion
+from thrifty.plan import ModelShape, allreduce_seconds, load_catalog, scaling, training_flops
+from thrifty.plan.scaling import (
+    node_layout,
+    node_size,
+    overlap_applies,
+    scaling_conclusion,
+    step_compute_seconds,
+)
 from thrifty.plan.units import parse_bandwidth, parse_count
 
 
@@ -44,8 +50,78 @@ def test_across_nodes_the_network_limits_the_ring() -> None:
 
 
 def test_more_nodes_without_a_network_bandwidth_is_refused() -> None:
-    with pytest.raises(ConfigError, match="nodes > 1 needs the network bandwidth"):
+    with pytest.raises(ConfigError, match="16 GPUs span 2 nodes of 8, so the all-reduce crosses"):
         scaling(1e9, gpus_per_node=8, nodes=2, compute_seconds=1.0, intra_node_gbs=300)
+
+
+# Issue 14, item 7: `--gpu A100 --count 64 --network-bandwidth 400Gb/s` for 7B at seq 2048 was one
+# node of 64 GPUs on NVLink (2 * 63/64 * 28e9 B / 220e9 B/s = 250.6 ms, 75.9% efficient) and the
+# network flag was ignored. An A100's NVLink domain is 8 GPUs (catalog nvlink_domain: NVIDIA HGX
+# A100), so 64 GPUs are 8 nodes and the ring crosses the 400 Gbit/s = 50 GB/s network:
+# 2 * 63/64 * 28e9 / 50e9 = 1.1025 s (ring all-reduce, nccl-tests PERFORMANCE.md), and the step's
+# 6 * 7e9 * 2048 / (312e12 * 0.35) = 787.7 ms of compute is 41.7% of compute + all-reduce.
+ISSUE_7 = [
+    *("plan", "--params", "7B", "--gpu", "A100", "--count", "64", "--seq", "2048"),
+    *("--network-bandwidth", "400Gb/s"),
+]
+
+
+def test_64_a100s_are_8_nodes_and_all_reduce_at_the_network_bandwidth(cli) -> None:
+    s = cli(*ISSUE_7, "--json").json()["scaling"]
+    assert (s["nodes"], s["gpus_per_node"]) == (8, 8)
+    assert s["bus_gbs"] == 50 and s["bus_limited_by"] == "the node's network"
+    assert s["allreduce_seconds"] == pytest.approx(1.1025, rel=1e-9)
+    assert s["compute_seconds"] == pytest.approx(0.78769, rel=1e-4)
+    assert s["efficiency_no_overlap"] == pytest.approx(0.41670, rel=1e-4)  # issue: "about 42%"
+
+
+def test_64_gpus_without_a_network_bandwidth_are_refused_in_one_line(cli) -> None:
+    r = cli(*ISSUE_7[:-2], "--tokens", "1T")
+    assert r.code == 2
+    assert "64 GPUs span 8 nodes of 8, so the all-reduce crosses the network" in r.err
+    assert "give --network-bandwidth (e.g. 400Gb/s)" in r.err
+
+
+def test_eight_a100s_stay_one_node_on_nvlink(cli) -> None:
+    s = cli(*ISSUE_7[:6], "8", "--seq", "2048", "--json").json()["scaling"]
+    assert (s["nodes"], s["bus_limited_by"]) == (1, "the intra-node link")
+    assert s["allreduce_seconds"] == pytest.approx(2 * 7 / 8 * 28e9 / 220e9)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "layout"), [(1, (1, 1)), (8, (1, 8)), (12, (2, 6)), (9, (3, 3)), (64, (8, 8))]
+)
+def test_gpus_fill_the_fewest_equal_nodes_of_one_domain(gpus: int, layout: tuple) -> None:
+    assert node_layout(gpus, 8) == layout
+
+
+def test_a_node_is_the_nvlink_domain_or_a_pcie_server() -> None:
+    catalog = load_catalog()
+    assert node_size(catalog.gpu("A100")) == 8  # NVIDIA HGX A100: 8 GPUs on NVSwitch
+    assert catalog.gpu("L4").nvlink_domain == 1
+    assert node_size(catalog.gpu("L4")) == 8  # PCIe only: g5.48xlarge-style 8-GPU server
+
+
+def test_step_compute_counts_attention_and_recompute_as_the_estimate_does() -> None:
+    shape = ModelShape(layers=32, hidden=4096, heads=32, vocab=32000, seq=4096)
+    got = step_compute_seconds(shape, 8192, 989.5e12, 0.35, recompute="full")
+    flops = training_flops(shape, 8192, recompute="full")
+    assert flops.attention > 0 and flops.recompute > 0
+    assert got == pytest.approx(flops.total / (989.5e12 * 0.35))
+    assert got > 6 * shape.params * 8192 / (989.5e12 * 0.35) * 1.3
+
+
+def test_scaling_and_estimate_report_the_same_compute_per_step(cli) -> None:
+    # Issue 14, item 7: the estimate's hours / steps must equal the scaling section's step.
+    shape = ["--layers", "32", "--hidden", "4096", "--heads", "32", "--vocab", "32000"]
+    data = cli(
+        "plan",
+        *shape,
+        *("--seq", "4096", "--steps", "1000", "--batch", "512", "--recompute", "full"),
+        *("--gpu", "A100", "--count", "64", "--network-bandwidth", "400Gb/s", "--json"),
+    ).json()
+    per_step = data["estimate"]["hours"] * 3600 / 1000
+    assert data["scaling"]["compute_seconds"] == pytest.approx(per_step, rel=1e-12)
 
 
 @pytest.mark.parametrize(

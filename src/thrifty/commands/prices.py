@@ -74,7 +74,17 @@ def run_prices(args: argparse.Namespace) -> int:
         out.print(table)
         for line in sources:
             out.print(f"  {line}", markup=False)
-        out.print("  spot: a single quoted price, or the midpoint of the range across zones")
+        out.print(
+            "  spot: a single quoted price, or the median across the zones listed "
+            "('thrifty prices NAME' shows them); the range's midpoint where zones are not listed"
+        )
+        untraced = [i.name for i in instances if not i.price_traced]
+        if untraced:
+            out.print(
+                "  untraced (no primary source; check before relying on them): "
+                + ", ".join(untraced),
+                markup=False,
+            )
     out.print(
         f"[dim]catalog: {', '.join(_short(f) for f in catalog.files)}; * = uncertain per its "
         "source; 'thrifty prices NAME' shows one entry with its sources[/dim]"

@@ -12,6 +12,7 @@ import difflib
 import functools
 import os
 import re
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +51,10 @@ class GPU:
     interconnect_note: str = ""
     bus_gbs: float | None = None
     bus_source: str = ""
+    nvlink_domain: int = 1
+    nvlink_domain_source: str = ""
     uncertain: tuple[str, ...] = ()
+    untraced: tuple[str, ...] = ()
 
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s per GPU for `dtype` (one of fp32, tf32, bf16, fp16, fp8)."""
@@ -88,9 +92,13 @@ class Instance:
     price_source: str
     price_date: str
     snapshot: str = ""
+    spot_zones: Mapping[str, float] = field(default_factory=dict)
+    spot_basis: str = ""
+    price_note: str = ""
     network_gbits: float | None = None
     network_source: str = ""
     uncertain: tuple[str, ...] = ()
+    untraced: tuple[str, ...] = ()
 
     def price_per_hour(self, pricing: str = "on-demand") -> float:
         """USD per hour for the instance at `pricing` ('on-demand' or 'spot')."""
@@ -113,6 +121,16 @@ class Instance:
     @property
     def dated_source(self) -> str:
         return f"{self.price_source}, {self.price_date}"
+
+    @property
+    def price_traced(self) -> bool:
+        """False when a price of this row cannot be traced to a primary source."""
+        return not any(key in _PRICE_FIELDS for key in self.untraced)
+
+    @property
+    def nvlink_domain(self) -> int:
+        """GPUs of this instance on one scale-up fabric (NVLink/NVSwitch, Infinity Fabric)."""
+        return min(self.gpu.nvlink_domain, self.gpu_count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +249,9 @@ class _Where:
         return CatalogError(f"{self.path} line {line}: {label} field {key!r} {problem}")
 
 
-_STR, _NUM, _INT, _STRS, _PEAKS = "text", "number", "integer", "list of text", "table of TFLOP/s"
+_STR, _NUM, _INT, _STRS = "text", "number", "integer", "list of text"
+_PEAKS, _ZONES = "table of TFLOP/s", "table of $/hour by zone"
+_PRICE_FIELDS = ("on_demand", "on_demand_per_gpu", "spot", "spot_zones", "spot_low", "spot_high")
 
 _GPU_FIELDS = {
     "name": (_STR, True),
@@ -246,7 +266,10 @@ _GPU_FIELDS = {
     "interconnect_note": (_STR, False),
     "bus_gbs": (_NUM, False),
     "bus_source": (_STR, False),
+    "nvlink_domain": (_INT, False),
+    "nvlink_domain_source": (_STR, False),
     "uncertain": (_STRS, False),
+    "untraced": (_STRS, False),
 }
 _INSTANCE_FIELDS = {
     "name": (_STR, True),
@@ -258,13 +281,16 @@ _INSTANCE_FIELDS = {
     "on_demand": (_NUM, False),
     "on_demand_per_gpu": (_NUM, False),
     "spot": (_NUM, False),
+    "spot_zones": (_ZONES, False),
     "spot_low": (_NUM, False),
     "spot_high": (_NUM, False),
     "price_source": (_STR, True),
     "price_date": (_STR, True),
+    "price_note": (_STR, False),
     "network_gbits": (_NUM, False),
     "network_source": (_STR, False),
     "uncertain": (_STRS, False),
+    "untraced": (_STRS, False),
 }
 _FIELDS = {"gpu": _GPU_FIELDS, "instance": _INSTANCE_FIELDS}
 
@@ -336,19 +362,28 @@ def _check_value(value: Any, kind: str, key: str, name: str, where: _Where) -> N
         ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
     elif kind == _NUM:
         ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    elif kind == _ZONES:
+        _check_table(value, kind, "{ use1-az1 = 8.19 }", key, name, where)
+        return
     else:  # peak table
-        if not isinstance(value, dict) or not value:
-            raise where.error(name, key, f"must be a {kind} such as {{ bf16 = 312 }}")
-        for dtype, peak in value.items():
+        _check_table(value, kind, "{ bf16 = 312 }", key, name, where)
+        for dtype in value:
             if dtype not in DTYPES:
                 raise where.error(
                     name, f"{key}.{dtype}", f"is not a dtype; use {', '.join(DTYPES)}"
                 )
-            _check_value(peak, _NUM, f"{key}.{dtype}", name, where)
         return
     if not ok:
         rule = {_INT: "a whole number > 0", _NUM: "a number > 0"}.get(kind, f"a {kind}")
         raise where.error(name, key, f"must be {rule}, got {value!r}")
+
+
+def _check_table(value: Any, kind: str, example: str, key: str, name: str, where: _Where) -> None:
+    """A non-empty inline table of positive numbers (peaks by dtype, prices by zone)."""
+    if not isinstance(value, dict) or not value:
+        raise where.error(name, key, f"must be a {kind} such as {example}")
+    for item, number in value.items():
+        _check_value(number, _NUM, f"{key}.{item}", name, where)
 
 
 _ARRAY_HEADER = re.compile(r"^\s*\[\[\s*([A-Za-z0-9_-]+)\s*\]\]")
@@ -410,7 +445,10 @@ def _gpu(values: dict[str, Any]) -> GPU:
         interconnect_note=values.get("interconnect_note", ""),
         bus_gbs=values.get("bus_gbs"),
         bus_source=values.get("bus_source", ""),
+        nvlink_domain=values.get("nvlink_domain", 1),
+        nvlink_domain_source=values.get("nvlink_domain_source", ""),
         uncertain=tuple(values.get("uncertain", ())),
+        untraced=tuple(values.get("untraced", ())),
     )
 
 
@@ -426,7 +464,7 @@ def _instance(row: _Row, catalog: Catalog) -> Instance:
             name, "on_demand", "needs exactly one of on_demand (per instance) or on_demand_per_gpu"
         )
     on_demand = values.get("on_demand") or values["on_demand_per_gpu"] * count
-    spot, spot_range = _spot(values, where)
+    spot, spot_range, basis = _spot(values, where)
     return Instance(
         name=name,
         provider=values["provider"],
@@ -439,16 +477,37 @@ def _instance(row: _Row, catalog: Catalog) -> Instance:
         price_source=values["price_source"],
         price_date=values["price_date"],
         snapshot=values.get("snapshot", ""),
+        spot_zones={zone: float(price) for zone, price in values.get("spot_zones", {}).items()},
+        spot_basis=basis,
+        price_note=values.get("price_note", ""),
         network_gbits=values.get("network_gbits"),
         network_source=values.get("network_source", ""),
         uncertain=tuple(values.get("uncertain", ())),
+        untraced=tuple(values.get("untraced", ())),
     )
 
 
-def _spot(values: dict[str, Any], where: _Where) -> tuple[float | None, tuple[float, float] | None]:
-    """Typical spot price: the quoted `spot`, else the midpoint of `spot_low`..`spot_high`."""
+_SpotTerms = tuple[float | None, tuple[float, float] | None, str]
+
+
+def _spot(values: dict[str, Any], where: _Where) -> _SpotTerms:
+    """Typical spot price, the range across zones, and how the typical price was reached.
+
+    The median across zones, not the midpoint of their range: one cheap outlying zone (p4d's
+    2.47 beside 7.88-8.19) would pull a midpoint far from what most zones charge.
+    """
     name = values["name"]
+    zones = values.get("spot_zones")
     low, high = values.get("spot_low"), values.get("spot_high")
+    if zones is not None and (low is not None or high is not None):
+        raise where.error(
+            name, "spot_zones", "and spot_low/spot_high both given; give the zones alone"
+        )
+    if zones is not None:
+        prices = sorted(float(p) for p in zones.values())
+        basis = f"median of {len(prices)} zone{'s' if len(prices) > 1 else ''}"
+        typical = values.get("spot", round(statistics.median(prices), 6))
+        return float(typical), (prices[0], prices[-1]), "quoted" if "spot" in values else basis
     if (low is None) != (high is None):
         raise where.error(
             name,
@@ -459,7 +518,8 @@ def _spot(values: dict[str, Any], where: _Where) -> tuple[float | None, tuple[fl
         raise where.error(name, "spot_low", f"({low}) is above spot_high ({high})")
     spot_range = (float(low), float(high)) if low is not None and high is not None else None
     if "spot" in values:
-        return float(values["spot"]), spot_range
+        return float(values["spot"]), spot_range, "quoted"
     if spot_range is not None:
-        return round((spot_range[0] + spot_range[1]) / 2, 6), spot_range
-    return None, None
+        midpoint = round((spot_range[0] + spot_range[1]) / 2, 6)
+        return midpoint, spot_range, "midpoint of the range (zones not listed)"
+    return None, None, ""

@@ -1,13 +1,18 @@
 """Training memory per GPU: weights, gradients, optimizer states, activations; does it fit?
 
-Per parameter (EleutherAI cookbook `calc_transformer_mem.py`, "Transformer Math 101"):
-- fp32 / tf32 training: weights 4, gradients 4 bytes.
-- bf16 / fp16 mixed precision: 16-bit weights 2, gradients 2, plus a 4-byte fp32 master copy
-  that the optimizer updates.
-- Optimizer states: AdamW 8 (two fp32 moments), SGD with momentum 4, plain SGD 0.
-So mixed-precision AdamW is 2 + 2 + 4 + 8 = 16 bytes per parameter.
+Per parameter (EleutherAI cookbook `calc_transformer_mem.py`, "Transformer Math 101"), in one of
+two layouts for mixed precision (bf16 / fp16 / fp8 compute):
+- "autocast", what PyTorch users run: parameters and gradients stay fp32 (4 + 4 bytes) and
+  torch.autocast casts to 16 bits inside each op; DDP, and FSDP with an fp32 reduce, keep them
+  so. The fp32 parameters are what the optimizer updates: there is no separate master copy.
+- "16-bit", the ZeRO paper's (Rajbhandari et al. 2020): 16-bit weights 2 and gradients 2, plus a
+  4-byte fp32 master copy that the optimizer updates.
+fp32 / tf32 training keeps weights 4 and gradients 4 in either. Optimizer states: AdamW 8 (two fp32
+moments), SGD with momentum 4, plain SGD 0. So mixed-precision AdamW is 16 bytes per parameter in
+both layouts (4 + 4 + 8 or 2 + 2 + 4 + 8); they differ once states are sharded.
 ZeRO / FSDP sharding over `shards` data-parallel GPUs: stage 1 divides the optimizer states (master
-copy included), stage 2 also the gradients, stage 3 also the weights.
+copy included), stage 2 also the gradients, stage 3 also the weights. For 7B on 8 GPUs with
+ZeRO-1: autocast 4 + 4 + 8/8 = 9 bytes/param (58.7 GiB), 16-bit 2 + 2 + 12/8 = 5.5 (35.9 GiB).
 
 Activations per transformer layer with 16-bit activations (Korthikanti et al. 2022):
 s*b*h*(34 + 5*a*s/h) bytes with eager attention, which stores the s x s score matrices;
@@ -29,6 +34,18 @@ from thrifty.plan.units import fmt_bytes, fmt_pct, require_fraction, require_pos
 OPTIMIZER_BYTES = {"adamw": 8.0, "sgd-momentum": 4.0, "sgd": 0.0}
 ATTENTION = ("flash", "eager")
 MIXED = ("bf16", "fp16", "fp8")
+LAYOUTS = ("autocast", "16-bit")
+LAYOUT_NAMES = {
+    "autocast": "autocast layout (fp32 parameters and gradients)",
+    "16-bit": "16-bit layout (ZeRO paper: 16-bit weights and gradients, fp32 master copy)",
+    "fp32": "fp32 layout (fp32 weights and gradients)",
+}
+LAYOUT_WHY = {
+    "autocast": ": torch.autocast computes in 16 bits but keeps them fp32, as DDP and FSDP with an "
+    "fp32 reduce do; the optimizer updates them, so there is no master copy",
+    "16-bit": ": what DeepSpeed's ZeRO and Megatron keep; torch.autocast does not",
+    "fp32": "",
+}
 DEFAULT_USABLE = 0.9
 
 
@@ -46,17 +63,43 @@ class BytesPerParam:
         return self.weights + self.gradients + self.master + self.optimizer
 
 
-def bytes_per_param(dtype: str = "bf16", optimizer: str = "adamw") -> BytesPerParam:
-    """Bytes per parameter for weights, gradients, fp32 master copy and optimizer states."""
+def resolve_layout(dtype: str, layout: str = "autocast") -> str:
+    """The layout `dtype` runs in: `layout` for mixed precision, "fp32" for fp32 / tf32 (which
+    have no 16-bit copy to lay out)."""
+    if layout not in LAYOUTS:
+        raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if dtype in MIXED:
+        return layout
+    if dtype in ("fp32", "tf32"):
+        return "fp32"
+    raise ConfigError(f"dtype must be one of fp32, tf32, bf16, fp16, fp8, got {dtype!r}")
+
+
+def bytes_per_param(
+    dtype: str = "bf16", optimizer: str = "adamw", layout: str = "autocast"
+) -> BytesPerParam:
+    """Bytes per parameter for weights, gradients, fp32 master copy and optimizer states in
+    `layout` ("autocast" or "16-bit"; see the module docstring)."""
     if optimizer not in OPTIMIZER_BYTES:
         raise ConfigError(
             f"optimizer must be one of {', '.join(OPTIMIZER_BYTES)}, got {optimizer!r}"
         )
-    if dtype in MIXED:
+    if resolve_layout(dtype, layout) == "16-bit":
         return BytesPerParam(2.0, 2.0, 4.0, OPTIMIZER_BYTES[optimizer])
-    if dtype in ("fp32", "tf32"):
-        return BytesPerParam(4.0, 4.0, 0.0, OPTIMIZER_BYTES[optimizer])
-    raise ConfigError(f"dtype must be one of fp32, tf32, bf16, fp16, fp8, got {dtype!r}")
+    return BytesPerParam(4.0, 4.0, 0.0, OPTIMIZER_BYTES[optimizer])
+
+
+def state_bytes(
+    params: float, per: BytesPerParam, zero_stage: int, shards: int
+) -> tuple[float, float, float]:
+    """Bytes per GPU of (weights, gradients, optimizer states with the master copy) once ZeRO
+    stage `zero_stage` shards them over `shards` GPUs."""
+    split = {stage: shards if zero_stage >= stage else 1 for stage in (1, 2, 3)}
+    return (
+        params * per.weights / split[3],
+        params * per.gradients / split[2],
+        params * (per.master + per.optimizer) / split[1],
+    )
 
 
 def layer_activation_bytes(
@@ -78,6 +121,7 @@ class MemoryPlan:
 
     params: float
     dtype: str
+    layout: str
     optimizer: str
     zero_stage: int
     shards: int
@@ -95,6 +139,7 @@ class MemoryPlan:
     fits: bool | None
     max_micro_batch: int | None
     max_micro_batch_full_recompute: int | None
+    layout_totals: dict[str, float] = field(default_factory=dict)
     assumptions: list[str] = field(default_factory=list)
 
     @property
@@ -116,6 +161,7 @@ def memory(
     *,
     gpu: str | GPU | None = None,
     dtype: str = "bf16",
+    layout: str = "autocast",
     optimizer: str = "adamw",
     zero_stage: int = 0,
     shards: int = 1,
@@ -128,6 +174,8 @@ def memory(
     """Training memory per GPU in bytes, and whether it fits `gpu`.
 
     Activations need a `ModelShape`; with a bare parameter count only the states are counted.
+    `layout` is "autocast" (fp32 parameters and gradients) or "16-bit" (the ZeRO paper's); the
+    total under every layout that applies to `dtype` is kept in `layout_totals` for comparison.
     `zero_stage` 0-3 shards states over `shards` GPUs. The job fits when the total is at most
     `usable_fraction` of the GPU's memory (the rest goes to the CUDA context, allocator
     fragmentation and temporary buffers). One keyword per independent knob of the command line.
@@ -143,11 +191,9 @@ def memory(
     if not isinstance(micro_batch, int) or micro_batch <= 0:
         raise ConfigError(f"micro_batch must be a whole number > 0, got {micro_batch!r}")
     usable_fraction = require_fraction(usable_fraction, "usable_fraction")
-    per = bytes_per_param(dtype, optimizer)
-    split = {stage: shards if zero_stage >= stage else 1 for stage in (1, 2, 3)}
-    weights = params * per.weights / split[3]
-    gradients = params * per.gradients / split[2]
-    optimizer_states = params * (per.master + per.optimizer) / split[1]
+    per = bytes_per_param(dtype, optimizer, layout)
+    layout = resolve_layout(dtype, layout)
+    weights, gradients, optimizer_states = state_bytes(params, per, zero_stage, shards)
     states = weights + gradients + optimizer_states
 
     fraction = recompute_fraction(recompute)
@@ -158,12 +204,18 @@ def memory(
     device = (catalog or load_catalog()).gpu(gpu) if gpu is not None else None
     capacity = device.memory_bytes if device else None
     usable = capacity * usable_fraction if capacity else None
-    fits = None if usable is None else states + (act or 0.0) + (logits or 0.0) <= usable
+    others = (act or 0.0) + (logits or 0.0)
+    fits = None if usable is None else states + others <= usable
+    totals = {
+        name: states_in + others
+        for name, states_in in _states_by_layout(params, dtype, optimizer, zero_stage, shards)
+    }
     largest = _largest(shape, usable, states, fraction, attention, dtype) if usable else None
     largest_full = _largest(shape, usable, states, 1.0, attention, dtype) if usable else None
     return MemoryPlan(
         params=params,
         dtype=dtype,
+        layout=layout,
         optimizer=optimizer,
         zero_stage=zero_stage,
         shards=shards,
@@ -181,8 +233,33 @@ def memory(
         fits=fits,
         max_micro_batch=largest,
         max_micro_batch_full_recompute=largest_full,
-        assumptions=_assumptions(shape, attention, dtype, usable_fraction, per, zero_stage, shards),
+        layout_totals=totals,
+        assumptions=_layout_notes(layout, totals)
+        + _assumptions(shape, attention, dtype, usable_fraction, per, zero_stage, shards),
     )
+
+
+def _states_by_layout(
+    params: float, dtype: str, optimizer: str, zero_stage: int, shards: int
+) -> list[tuple[str, float]]:
+    """Weights, gradients and optimizer states per GPU, in bytes, under each layout `dtype` can
+    run in (one for fp32 / tf32)."""
+    rows = {}
+    for name in LAYOUTS:
+        per = bytes_per_param(dtype, optimizer, name)
+        rows[resolve_layout(dtype, name)] = sum(state_bytes(params, per, zero_stage, shards))
+    return list(rows.items())
+
+
+def _layout_notes(layout: str, totals: dict[str, float]) -> list[str]:
+    """Which layout the figures assume, and the total under each other layout."""
+    notes = [f"{LAYOUT_NAMES[layout]} for the figures above{LAYOUT_WHY[layout]}"]
+    notes += [
+        f"the {LAYOUT_NAMES[name]} would need {fmt_bytes(total)} per GPU"
+        for name, total in totals.items()
+        if name != layout
+    ]
+    return notes
 
 
 def _dtype_scale(dtype: str) -> float:

@@ -1,9 +1,20 @@
-"""Data-parallel scaling efficiency from ring all-reduce time against compute time per step.
+"""Data-parallel scaling efficiency from all-reduce time against compute time per step.
 
 Ring all-reduce of S bytes over n GPUs takes t = 2*(n-1)/n * S / B, with B the bus bandwidth in
 bytes/s per direction (nccl-tests PERFORMANCE.md defines "bus bandwidth" this way, so measured
-busbw figures plug in directly). Within a node B is the NVLink/PCIe bus bandwidth; across nodes
-the ring crosses the network, and B is at most the node's network bandwidth (all NICs together).
+busbw figures plug in directly).
+
+GPUs share NVLink only within one domain, the catalog's `nvlink_domain` (8 on an HGX/DGX
+baseboard of A100, H100, H200 or B200); an instance is one node. Past that the all-reduce is
+hierarchical: NCCL's rings run over NVLink inside each node and cross the network between nodes,
+each ring leaving each node once. Every byte of every GPU's share still passes every hop, so each node's NICs carry
+2*(n-1)/n * S per all-reduce while its NVLink hops carry the same, in parallel and pipelined in
+chunks. The slower link sets the time: t = 2*(n-1)/n * S / min(B_nvlink, B_network), with
+B_network the node's network bandwidth (all NICs together); nccl-tests' bus bandwidth across
+nodes is likewise that of the hardware bottleneck.
+
+Compute per step counts the FLOPs the job estimate counts (6*N per token, the attention term for a
+known shape, the recompute of activation checkpointing), so the two sections agree.
 
 Efficiency = compute / (compute + exposed communication):
 - without overlap the whole all-reduce is exposed;
@@ -16,17 +27,23 @@ counts on one node (what `thrifty scale` reports).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from thrifty.errors import ConfigError
+from thrifty.plan.catalog import GPU
+from thrifty.plan.estimate import ModelShape, training_flops
 from thrifty.plan.units import require_positive
 
 BACKWARD_SHARE = 2.0 / 3.0  # backward is 4 of the 6 FLOPs per parameter per token
 DDP_GRAD_BYTES_PER_PARAM = 4  # DDP all-reduces fp32 gradients (parameters stay fp32 under autocast)
 DDP_FIRST_BUCKET = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 CLOSE = 0.10  # measured within 10 points of the prediction counts as "as predicted"
+# GPUs one server holds when they have no NVLink and all-reduce over PCIe: the catalog's
+# g5.48xlarge (8 A10G) and g6e.48xlarge (8 L40S).
+PCIE_SERVER_GPUS = 8
 
 
 def ring_factor(gpus: int) -> float:
@@ -45,11 +62,37 @@ def allreduce_seconds(nbytes: float, gpus: int, bus_gbs: float) -> float:
     return ring_factor(gpus) * nbytes / (bus * 1e9)
 
 
+def node_size(gpu: GPU) -> int:
+    """GPUs per node for GPUs given without an instance: one NVLink domain (the catalog's
+    `nvlink_domain`), or a PCIe server of PCIE_SERVER_GPUS for GPUs without NVLink."""
+    return gpu.nvlink_domain if gpu.nvlink_domain > 1 else PCIE_SERVER_GPUS
+
+
+def node_layout(gpus: int, per_node: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) for `gpus` GPUs in nodes of at most `per_node`: the fewest nodes
+    of equal size. Only whether the ring leaves a node changes its time, so an uneven count is
+    placed in more, smaller nodes rather than refused."""
+    for value, name in ((gpus, "gpus"), (per_node, "GPUs per node")):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{name} must be a whole number > 0, got {value!r}")
+    nodes = math.ceil(gpus / per_node)
+    while gpus % nodes:
+        nodes += 1
+    return nodes, gpus // nodes
+
+
 def step_compute_seconds(
-    params: float, tokens_per_gpu: float, peak_flops: float, mfu: float
+    model: float | ModelShape,
+    tokens_per_gpu: float,
+    peak_flops: float,
+    mfu: float,
+    recompute: str | float = "none",
 ) -> float:
-    """Compute time per optimizer step per GPU in seconds: 6*N*tokens / (peak FLOP/s x MFU)."""
-    return 6.0 * params * tokens_per_gpu / (peak_flops * mfu)
+    """Compute time per optimizer step per GPU in seconds: the training FLOPs of
+    `tokens_per_gpu` tokens (as the job estimate counts them: 6*N, attention for a shape,
+    recompute) / (peak FLOP/s x MFU)."""
+    flops = training_flops(model, tokens_per_gpu, recompute=recompute)
+    return flops.total / (peak_flops * mfu)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,8 +146,9 @@ def scaling(
 
     `compute_seconds` is the compute time per optimizer step on one GPU; `intra_node_gbs` the
     all-reduce bus bandwidth inside a node and `inter_node_gbs` the node's network bandwidth,
-    both in GB/s per direction. `grad_bytes_per_param` is 4 for fp32 gradients (DDP under
-    torch.autocast) or 2 for 16-bit gradients.
+    both in GB/s per direction; with more than one node the slower of the two sets the time.
+    `grad_bytes_per_param` is 4 for fp32 gradients (DDP under torch.autocast) or 2 for 16-bit
+    gradients.
     """
     params = require_positive(params, "params")
     for name, value in (("gpus_per_node", gpus_per_node), ("nodes", nodes)):
@@ -112,7 +156,7 @@ def scaling(
             raise ConfigError(f"{name} must be a whole number > 0, got {value!r}")
     compute = require_positive(compute_seconds, "compute time per step (seconds)")
     grad_bytes = params * require_positive(grad_bytes_per_param, "gradient bytes per parameter")
-    bus, limit = _bus(nodes, intra_node_gbs, inter_node_gbs)
+    bus, limit = _bus(gpus_per_node, nodes, intra_node_gbs, inter_node_gbs)
     n = gpus_per_node * nodes
     comm = allreduce_seconds(grad_bytes, n, bus) if n > 1 else 0.0
     exposed = max(0.0, comm - BACKWARD_SHARE * compute)
@@ -127,7 +171,7 @@ def scaling(
         efficiency_no_overlap=compute / (compute + comm),
         efficiency_overlap=compute / (compute + exposed),
         assumptions=[
-            "ring all-reduce t = 2(n-1)/n x gradient bytes / bus bandwidth (nccl-tests)",
+            _algorithm_note(gpus_per_node, nodes),
             f"gradients {grad_bytes_per_param:g} bytes/param"
             + (
                 " (fp32, as DDP all-reduces under torch.autocast)"
@@ -141,14 +185,26 @@ def scaling(
     )
 
 
-def _bus(nodes: int, intra: float, inter: float | None) -> tuple[float, str]:
+def _algorithm_note(gpus_per_node: int, nodes: int) -> str:
+    ring = "t = 2(n-1)/n x gradient bytes / bus bandwidth (nccl-tests PERFORMANCE.md)"
+    if nodes == 1:
+        return f"ring all-reduce {ring}"
+    return (
+        f"hierarchical all-reduce over {nodes} nodes of {gpus_per_node} GPUs: NCCL's rings use "
+        "NVLink inside a node and the network between, each node's NICs carrying 2(n-1)/n x "
+        f"gradient bytes, so the slower link sets {ring}"
+    )
+
+
+def _bus(gpus_per_node: int, nodes: int, intra: float, inter: float | None) -> tuple[float, str]:
     intra = require_positive(intra, "intra-node bus bandwidth (GB/s per direction)")
     if nodes == 1:
         return intra, "the intra-node link"
     if inter is None:
         raise ConfigError(
-            "nodes > 1 needs the network bandwidth: give --network-bandwidth (e.g. 400Gb/s) "
-            "or an instance with network_gbits in the catalog"
+            f"{gpus_per_node * nodes} GPUs span {nodes} nodes of {gpus_per_node}, so the "
+            "all-reduce crosses the network: give --network-bandwidth (e.g. 400Gb/s) or an "
+            "--instance with network_gbits in the catalog"
         )
     inter = require_positive(inter, "inter-node network bandwidth (GB/s per direction)")
     return (inter, "the node's network") if inter < intra else (intra, "the intra-node link")

@@ -1,19 +1,27 @@
-"""Spot economics: interruption rates, the optimal checkpoint interval, expected spot cost.
+"""Spot economics: interruption rates, the checkpoint interval, expected spot time and cost.
 
-Interruptions are taken as a Poisson process with rate lambda per hour (mean time between
-interruptions M = 1/lambda). With a checkpoint every tau seconds that takes delta seconds to
-save, and R seconds to restart after an interruption, the first-order model for a job of W hours
-of work is:
+Interruptions are a Poisson process. A job on N instances stops whenever any one of them is
+interrupted, so its rate is N times the rate of one instance: lambda = N * lambda_1.
 
-    expected wall time  T = W * (1 + delta/tau) / (1 - lambda * (tau/2 + R))
+The expected wall time is exact for that process. The W seconds of work are run as segments,
+each of tau seconds of work followed by a save of delta seconds (the last segment's save writes
+the finished model). An interruption loses the work since the last checkpoint and costs a
+restart of R seconds, during which the job is not running and so cannot be interrupted again
+(the interruption clock runs only while the job runs). A segment of L = tau + delta seconds is
+retried until it runs uninterrupted; the number of interruptions before that is geometric with
+mean e^(lambda*L) - 1, and each costs on average the time to the interruption plus R, which gives
 
-that is, W of work, W/tau checkpoints of delta each, and lambda*T interruptions that each lose
-half an interval of work plus the restart. It holds while lambda*tau is well below 1.
+    E[segment] = (1/lambda + R) * (e^(lambda*L) - 1)
 
-Young (1974): tau = sqrt(2*delta*M).
-Daly (2006): tau = sqrt(2*delta*M) * [1 + 1/3*sqrt(delta/(2M)) + 1/9*(delta/(2M))] - delta for
-delta < 2M, else tau = M.
-Without checkpoints a job restarts from scratch: E[T] = (exp(lambda*W) - 1) * (1/lambda + R).
+and E[T] is the sum over segments. For a given number of segments the time is least when they
+are equal, and over that number it is least at W/tau* rounded down or up, where tau* minimises
+E[segment]/tau: (1 - lambda*tau*) * e^(lambda*tau*) = e^(-lambda*delta), independent of R.
+The expectation is finite at every rate; it is refused only where it overflows a float.
+
+Young (1974): tau = sqrt(2*delta*M) and Daly (2006): tau = sqrt(2*delta*M) * [1 +
+1/3*sqrt(delta/(2M)) + 1/9*(delta/(2M))] - delta for delta < 2M, else tau = M (M = 1/lambda)
+are first-order approximations of tau*, kept as interval formulas.
+Without checkpoints the whole job is one segment without a save: (1/lambda + R)(e^(lambda*W) - 1).
 """
 
 from __future__ import annotations
@@ -25,8 +33,11 @@ from thrifty.errors import ConfigError
 from thrifty.plan.units import fmt_pct, require_positive
 
 HOURS_PER_MONTH = 730.5  # 365.25 * 24 / 12
+SECONDS_PER_HOUR = 3600.0
 DEFAULT_SAVE_SECONDS = 60.0
 DEFAULT_RESTART_SECONDS = 600.0
+# e**700 is about 1e304: a larger exponent overflows the expected time out of a float.
+MAX_EXPONENT = 700.0
 
 # AWS Spot Instance Advisor buckets of monthly interruption frequency: (low, high, typical).
 # The typical value is the bucket's midpoint; ">20%" has no upper edge, so 25% is assumed.
@@ -40,7 +51,7 @@ ADVISOR_BUCKETS: dict[str, tuple[float, float | None, float]] = {
 
 
 def rate_from_advisor(bucket: str) -> float:
-    """Interruptions per hour for an AWS Spot Instance Advisor bucket ('<5%', '5-10%', ...).
+    """Interruptions per hour of one instance for an AWS Spot Instance Advisor bucket.
 
     The bucket's typical monthly interruption frequency p is read as the probability that an
     instance is interrupted within a month: lambda = -ln(1 - p) / 730.5 hours.
@@ -70,23 +81,52 @@ def interruption_rate(
     if rate_per_hour is not None:
         return require_positive(rate_per_hour, "interruption rate per hour")
     if mtbi_seconds is not None:
-        return 3600.0 / require_positive(mtbi_seconds, "mean time between interruptions")
+        return SECONDS_PER_HOUR / require_positive(mtbi_seconds, "mean time between interruptions")
     assert advisor_bucket is not None  # exactly one of the three was given
     return rate_from_advisor(advisor_bucket)
 
 
+def fleet_rate(rate_per_instance_per_hour: float, instances: int) -> float:
+    """Interruptions per hour of a job on `instances` instances: any one stops the job."""
+    if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
+        raise ConfigError(f"instances must be a whole number >= 1, got {instances!r}")
+    return instances * require_positive(rate_per_instance_per_hour, "interruption rate per hour")
+
+
 def young_interval(save_seconds: float, mtbi_seconds: float) -> float:
-    """Young's optimal checkpoint interval in seconds: sqrt(2 * save * MTBI)."""
+    """Young's first-order checkpoint interval in seconds: sqrt(2 * save * MTBI)."""
     return math.sqrt(2.0 * save_seconds * mtbi_seconds)
 
 
 def daly_interval(save_seconds: float, mtbi_seconds: float) -> float:
-    """Daly's higher-order optimal checkpoint interval in seconds (compute time between saves)."""
+    """Daly's higher-order approximation of the checkpoint interval in seconds (compute time
+    between saves)."""
     delta, m = save_seconds, mtbi_seconds
     if delta >= 2.0 * m:
         return m
     x = delta / (2.0 * m)
     return math.sqrt(2.0 * delta * m) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - delta
+
+
+def optimal_interval(rate_per_hour: float, save_seconds: float) -> float:
+    """The checkpoint interval in seconds that minimises the exact expected time per unit of
+    work in a long job: the root of (1 - x) e^x = e^(-lambda*delta) with x = lambda*tau.
+
+    Found by bisection on x in (0, 1), where x + ln(1 - x) + lambda*delta falls from
+    lambda*delta to minus infinity. It does not depend on the restart time.
+    """
+    rate_s = require_positive(rate_per_hour, "interruption rate per hour") / SECONDS_PER_HOUR
+    target = rate_s * require_positive(save_seconds, "checkpoint save time (seconds)")
+    low, high = 0.0, 1.0
+    for _ in range(200):
+        mid = (low + high) / 2
+        if mid + math.log1p(-mid) + target > 0:
+            low = mid
+        else:
+            high = mid
+        if high - low <= 1e-15 * high:
+            break
+    return (low + high) / 2 / rate_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +140,7 @@ class CheckpointInterval:
 
     @property
     def rate_per_hour(self) -> float:
-        return 3600.0 / self.mtbi_seconds
+        return SECONDS_PER_HOUR / self.mtbi_seconds
 
 
 def checkpoint_interval(
@@ -120,18 +160,91 @@ def checkpoint_interval(
     rate = interruption_rate(
         rate_per_hour=rate_per_hour, mtbi_seconds=mtbi_seconds, advisor_bucket=advisor_bucket
     )
-    mtbi = 3600.0 / rate
+    mtbi = SECONDS_PER_HOUR / rate
     return CheckpointInterval(save, mtbi, young_interval(save, mtbi), daly_interval(save, mtbi))
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """The job's work as `count` segments, each followed by a save: all but the last hold
+    `interval_seconds` of work, the last `last_seconds`."""
+
+    count: int
+    interval_seconds: float
+    last_seconds: float
+
+    @classmethod
+    def fixed(cls, work_seconds: float, interval_seconds: float) -> Schedule:
+        """A checkpoint every `interval_seconds` of work; the last segment holds what is left."""
+        count = max(1, math.ceil(work_seconds / interval_seconds - 1e-9))
+        last = work_seconds - (count - 1) * interval_seconds
+        return cls(count, interval_seconds, last)
+
+    @classmethod
+    def even(cls, work_seconds: float, count: int) -> Schedule:
+        return cls(count, work_seconds / count, work_seconds / count)
+
+    @classmethod
+    def best(cls, work_seconds: float, rate_per_hour: float, save_seconds: float) -> Schedule:
+        """The schedule with the least expected time: equal segments, as many as the work
+        holds optimal intervals, rounded down or up (the time is convex in their number)."""
+        per_interval = work_seconds / optimal_interval(rate_per_hour, save_seconds)
+        counts = {max(1, math.floor(per_interval)), max(1, math.ceil(per_interval))}
+        rate_s = rate_per_hour / SECONDS_PER_HOUR
+        return min(
+            (cls.even(work_seconds, n) for n in counts),
+            key=lambda s: s.expected_interruptions(rate_s, save_seconds),
+        )
+
+    def expected_interruptions(self, rate_per_second: float, save_seconds: float) -> float:
+        """Expected interruptions before every segment has run through (inf on overflow)."""
+        total = _retries(rate_per_second * (self.last_seconds + save_seconds))
+        if self.count > 1:
+            total += (self.count - 1) * _retries(
+                rate_per_second * (self.interval_seconds + save_seconds)
+            )
+        return total
+
+
+def _retries(exponent: float) -> float:
+    """Mean number of interruptions before a segment of lambda*L = `exponent` runs through."""
+    return math.expm1(exponent) if exponent <= MAX_EXPONENT else math.inf
+
+
+def expected_hours(
+    work_hours: float, rate_per_hour: float, interval_s: float, save_s: float, restart_s: float
+) -> float:
+    """Exact expected wall time in hours with a checkpoint every `interval_s` seconds of work
+    (`rate_per_hour` is the job's rate; inf where it overflows a float)."""
+    schedule = Schedule.fixed(work_hours * SECONDS_PER_HOUR, interval_s)
+    return _hours(schedule, rate_per_hour, save_s, restart_s)
+
+
+def _hours(schedule: Schedule, rate_per_hour: float, save_s: float, restart_s: float) -> float:
+    """Each interruption costs the mean time to it plus the restart: E[T] = N * (1/lambda + R)."""
+    rate_s = rate_per_hour / SECONDS_PER_HOUR
+    interruptions = schedule.expected_interruptions(rate_s, save_s)
+    return interruptions * (1.0 / rate_s + restart_s) / SECONDS_PER_HOUR
+
+
+def no_checkpoint_hours(work_hours: float, rate_per_hour: float, restart_s: float) -> float:
+    """Expected wall time in hours when every interruption restarts the job from scratch."""
+    exponent = rate_per_hour * work_hours
+    return _retries(exponent) * (1.0 / rate_per_hour + restart_s / SECONDS_PER_HOUR)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SpotPlan:
-    """Expected spot cost beside on-demand. Hours are wall-clock; prices USD per hour."""
+    """Expected spot cost beside on-demand. Hours are wall-clock; prices USD per hour for the
+    whole job; rates are interruptions per hour (`rate_per_hour` is the job's)."""
 
     work_hours: float
+    instances: int
+    rate_per_instance_per_hour: float
     rate_per_hour: float
     interval_seconds: float
     interval_source: str
+    checkpoints: int
     young_seconds: float
     daly_seconds: float
     save_seconds: float
@@ -145,6 +258,7 @@ class SpotPlan:
     on_demand_cost: float
     spot_cost: float
     break_even_rate_per_hour: float | None
+    break_even_rate_per_instance_per_hour: float | None
     no_checkpoint_hours: float
     no_checkpoint_cost: float
     assumptions: list[str] = field(default_factory=list)
@@ -162,104 +276,127 @@ class SpotPlan:
         return data
 
 
-def expected_hours(
-    work_hours: float, rate_per_hour: float, interval_s: float, save_s: float, restart_s: float
-) -> float:
-    """First-order expected wall time in hours with checkpoints (infinite if it never finishes)."""
-    loss = rate_per_hour * (interval_s / 2 + restart_s) / 3600.0
-    if loss >= 1.0:
-        return math.inf
-    return work_hours * (1.0 + save_s / interval_s) / (1.0 - loss)
-
-
-def no_checkpoint_hours(work_hours: float, rate_per_hour: float, restart_s: float) -> float:
-    """Expected wall time in hours when every interruption restarts the job from scratch."""
-    exponent = rate_per_hour * work_hours
-    if exponent > 700:
-        return math.inf
-    return math.expm1(exponent) * (1.0 / rate_per_hour + restart_s / 3600.0)
-
-
 def spot_economics(
     work_hours: float,
     *,
     on_demand_per_hour: float,
     spot_per_hour: float,
     rate_per_hour: float,
+    instances: int = 1,
     save_seconds: float = DEFAULT_SAVE_SECONDS,
     restart_seconds: float = DEFAULT_RESTART_SECONDS,
     interval_seconds: float | None = None,
 ) -> SpotPlan:
     """Expected spot cost and time for `work_hours` of uninterrupted work, beside on-demand.
 
-    Prices are USD per hour; `rate_per_hour` interruptions per hour; times in seconds.
-    Without `interval_seconds` the Daly optimum is used. Raises if the rate is above one
-    interruption per checkpoint interval (the first-order model no longer holds).
+    Prices are USD per hour for all `instances`; `rate_per_hour` is the interruption rate of
+    one instance, and the job's is `instances` times it. Times in seconds. Without
+    `interval_seconds` the exact optimum for this job is used. Raises only where the expected
+    time overflows, saying by how much.
     """
     work = require_positive(work_hours, "work hours")
     od = require_positive(on_demand_per_hour, "on-demand price ($/hour)")
     spot = require_positive(spot_per_hour, "spot price ($/hour)")
-    rate = require_positive(rate_per_hour, "interruption rate per hour")
+    rate = fleet_rate(rate_per_hour, instances)
     save = require_positive(save_seconds, "checkpoint save time (seconds)")
-    if not math.isfinite(restart_seconds) or restart_seconds < 0:
-        raise ConfigError(f"restart time must be >= 0 seconds, got {restart_seconds!r}")
+    restart = _restart(restart_seconds)
     given = interval_seconds is not None
-    interval = (
-        daly_interval(save, 3600.0 / rate)
-        if interval_seconds is None
-        else require_positive(interval_seconds, "checkpoint interval (seconds)")
+    if interval_seconds is None:
+        schedule = Schedule.best(work * SECONDS_PER_HOUR, rate, save)
+    else:
+        interval = require_positive(interval_seconds, "checkpoint interval (seconds)")
+        schedule = Schedule.fixed(work * SECONDS_PER_HOUR, interval)
+    hours = _hours(schedule, rate, save, restart)
+    if not math.isfinite(hours):
+        raise _never_finishes(rate, schedule, save, given)
+    interruptions = schedule.expected_interruptions(rate / SECONDS_PER_HOUR, save)
+    overhead = schedule.count * save / SECONDS_PER_HOUR
+    no_ckpt = no_checkpoint_hours(work, rate, restart)
+    break_even = break_even_rate(
+        od, spot, save, restart, schedule.interval_seconds if given else None, work_hours=work
     )
-    _check_rate(rate, interval, restart_seconds)
-    hours = expected_hours(work, rate, interval, save, restart_seconds)
-    lost = (interval / 2 + restart_seconds) / 3600.0
-    overhead = work * save / interval
-    no_ckpt = no_checkpoint_hours(work, rate, restart_seconds)
     return SpotPlan(
         work_hours=work,
+        instances=instances,
+        rate_per_instance_per_hour=float(rate_per_hour),
         rate_per_hour=rate,
-        interval_seconds=interval,
-        interval_source="given" if given else "Daly optimum",
-        young_seconds=young_interval(save, 3600.0 / rate),
-        daly_seconds=daly_interval(save, 3600.0 / rate),
+        interval_seconds=schedule.interval_seconds,
+        interval_source="given" if given else "exact optimum",
+        checkpoints=schedule.count,
+        young_seconds=young_interval(save, SECONDS_PER_HOUR / rate),
+        daly_seconds=daly_interval(save, SECONDS_PER_HOUR / rate),
         save_seconds=save,
-        restart_seconds=float(restart_seconds),
-        expected_interruptions=rate * hours,
-        lost_hours_per_interruption=lost,
+        restart_seconds=restart,
+        expected_interruptions=interruptions,
+        lost_hours_per_interruption=(hours - work - overhead) / interruptions,
         checkpoint_overhead_hours=overhead,
         expected_hours=hours,
         on_demand_per_hour=od,
         spot_per_hour=spot,
         on_demand_cost=od * work,
         spot_cost=spot * hours,
-        break_even_rate_per_hour=break_even_rate(
-            od, spot, save, restart_seconds, interval if given else None
-        ),
+        break_even_rate_per_hour=break_even,
+        break_even_rate_per_instance_per_hour=None
+        if break_even is None
+        else break_even / instances,
         no_checkpoint_hours=no_ckpt,
         no_checkpoint_cost=spot * no_ckpt,
-        assumptions=[
-            "interruptions are a Poisson process; first-order model: each loses half an "
-            "interval of work plus the restart time",
-            f"checkpoint every {interval:.0f} s ({'given' if given else 'Daly optimum'}), "
-            f"save {save:g} s, restart {restart_seconds:g} s",
-            "on-demand runs without interruptions or checkpoint overhead",
-            f"spot overhead factor {hours / work:.3f} ({fmt_pct(hours / work - 1)} more hours)",
-        ],
+        assumptions=_assumptions(
+            rate_per_hour, instances, schedule, given, save, restart, hours / work
+        ),
     )
 
 
-def _check_rate(rate: float, interval_s: float, restart_s: float) -> None:
-    per_interval = rate * interval_s / 3600.0
-    if per_interval > 1.0:
-        raise ConfigError(
-            f"interruption rate {rate:g}/h is above 1 per checkpoint interval "
-            f"({interval_s:.0f} s gives {per_interval:.2f}); checkpoint more often or use on-demand"
-        )
-    if rate * (interval_s / 2 + restart_s) / 3600.0 >= 1.0:
-        raise ConfigError(
-            f"interruption rate {rate:g}/h: half an interval ({interval_s / 2:.0f} s) plus the "
-            f"restart ({restart_s:.0f} s) exceeds the mean time between interruptions "
-            f"({3600 / rate:.0f} s), so the job never finishes; shorten the interval or restart"
-        )
+def _restart(restart_seconds: float) -> float:
+    if not math.isfinite(restart_seconds) or restart_seconds < 0:
+        raise ConfigError(f"restart time must be >= 0 seconds, got {restart_seconds!r}")
+    return float(restart_seconds)
+
+
+def _never_finishes(rate: float, schedule: Schedule, save: float, given: bool) -> ConfigError:
+    """The error for a job whose expected time overflows, with the numbers that make it so."""
+    longest = max(schedule.interval_seconds, schedule.last_seconds) + save
+    exponent = rate * longest / SECONDS_PER_HOUR
+    fix = (
+        f"checkpoint more often (the optimum is {optimal_interval(rate, save):,.0f} s)"
+        if given
+        else "make the save shorter"
+    )
+    return ConfigError(
+        f"interruption rate {rate:g}/h: a segment of {longest:,.0f} s of work and save runs "
+        f"through with probability e^-{exponent:,.0f}, so the expected time exceeds 1e300 h "
+        f"(the job effectively never finishes); {fix}, or use on-demand"
+    )
+
+
+def _assumptions(
+    rate_per_instance: float,
+    instances: int,
+    schedule: Schedule,
+    given: bool,
+    save: float,
+    restart: float,
+    factor: float,
+) -> list[str]:
+    rate = rate_per_instance * instances
+    source = "given" if given else f"exact optimum: the work in {schedule.count:,} equal intervals"
+    fleet = (
+        f"{instances} instances x {rate_per_instance:.4g}/h = {rate:.4g}/h for the job "
+        "(any interruption stops it)"
+        if instances > 1
+        else f"{rate:.4g}/h"
+    )
+    return [
+        f"interruptions are a Poisson process: {fleet}",
+        "exact expected time: each interval of work and its save is retried until it runs "
+        "through; an interruption loses the work since the last checkpoint plus the restart, "
+        "and a restart is not itself interrupted",
+        f"checkpoint every {schedule.interval_seconds:.0f} s ({source}), save {save:g} s, "
+        f"restart {restart:g} s",
+        "Young and Daly intervals are first-order approximations, shown for reference",
+        "on-demand runs without interruptions or checkpoint overhead",
+        f"spot overhead factor {factor:.3f} ({fmt_pct(factor - 1)} more hours)",
+    ]
 
 
 def break_even_rate(
@@ -268,19 +405,25 @@ def break_even_rate(
     save_seconds: float,
     restart_seconds: float,
     interval_seconds: float | None = None,
+    *,
+    work_hours: float | None = None,
 ) -> float | None:
-    """Interruptions per hour above which spot costs more than on-demand (None: spot never pays).
+    """The job's interruptions per hour above which spot costs more than on-demand (None: spot
+    never pays), from the exact expected time.
 
-    The checkpoint interval is re-optimised (Daly) at each rate unless `interval_seconds` is fixed.
-    Found by bisection on log(rate); the expected spot cost rises monotonically with the rate.
+    For a job of `work_hours` (None: per hour of work in a long job). The interval is the
+    optimum at each rate unless `interval_seconds` is fixed. Found by bisection on log(rate):
+    the expected time rises monotonically with the rate.
     """
     if spot_per_hour >= on_demand_per_hour:
         return None
+    target = on_demand_per_hour / spot_per_hour
 
     def excess(rate: float) -> float:
-        interval = interval_seconds or daly_interval(save_seconds, 3600.0 / rate)
-        hours = expected_hours(1.0, rate, interval, save_seconds, restart_seconds)
-        return spot_per_hour * hours - on_demand_per_hour
+        return (
+            _time_multiple(rate, save_seconds, restart_seconds, interval_seconds, work_hours)
+            - target
+        )
 
     low, high = 1e-9, 1e4
     if excess(low) >= 0:
@@ -294,3 +437,16 @@ def break_even_rate(
         if high / low < 1 + 1e-9:
             break
     return math.sqrt(low * high)
+
+
+def _time_multiple(
+    rate: float, save: float, restart: float, interval: float | None, work_hours: float | None
+) -> float:
+    """Expected wall time over work time at `rate` interruptions per hour."""
+    rate_s = rate / SECONDS_PER_HOUR
+    if work_hours is None:
+        tau = interval or optimal_interval(rate, save)
+        return _retries(rate_s * (tau + save)) * (1.0 / rate_s + restart) / tau
+    work = work_hours * SECONDS_PER_HOUR
+    schedule = Schedule.fixed(work, interval) if interval else Schedule.best(work, rate, save)
+    return _hours(schedule, rate, save, restart) / work_hours

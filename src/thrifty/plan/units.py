@@ -15,7 +15,7 @@ from thrifty.errors import ConfigError
 
 _SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
 _COUNT = re.compile(
-    r"^\s*\$?\s*(-?[0-9][0-9_,]*\.?[0-9]*(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtTpP]?)\s*$"
+    r"^\s*\$?\s*(-?[0-9][0-9_]*\.?[0-9]*(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtTpP]?)\s*$"
 )
 
 # Per-second units and their size in GB (10**9 bytes). Case matters: B is bytes, b is bits.
@@ -37,17 +37,24 @@ _BANDWIDTH = re.compile(
 
 
 def parse_count(text: str | float | int, what: str = "value") -> float:
-    """Read a count such as `7e9`, `7B`, `1.4T`, `500M`, `50k` or `$50,000` as a float.
+    """Read a count such as `7e9`, `7B`, `1.4T`, `500M`, `50k` or `$50_000` as a float.
 
-    Suffixes are decimal: K=1e3, M=1e6, B or G=1e9, T=1e12, P=1e15.
+    Suffixes are decimal: K=1e3, M=1e6, B or G=1e9, T=1e12, P=1e15. A comma is refused: it is
+    a decimal mark in some locales and a thousands separator in others, so `1,4T` could be
+    1.4T or 14T.
     """
     if isinstance(text, int | float):
         return float(text)
+    prefix = f"{what}: " if what else ""
+    if "," in text:
+        raise ConfigError(
+            f"{prefix}cannot read {text!r}: a comma could be a decimal mark or a thousands "
+            "separator; write a decimal point and no separators, e.g. 1.4T or 50000"
+        )
     match = _COUNT.match(text)
     if not match:
-        prefix = f"{what}: " if what else ""
         raise ConfigError(f"{prefix}cannot read {text!r} as a number; write e.g. 7e9, 7B or 1.4T")
-    number = float(match.group(1).replace("_", "").replace(",", ""))
+    number = float(match.group(1).replace("_", ""))
     return number * _SUFFIX[match.group(2).upper()]
 
 

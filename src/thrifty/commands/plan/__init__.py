@@ -9,6 +9,8 @@ Registering only builds the parser; the handler imports the planner when it runs
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -41,10 +43,20 @@ def _count(text: str) -> float:
 
 
 def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"expected a whole number, got {text!r}") from None
+    """A whole number written any way a count is (64, 1e3, 2K)."""
+    value = _count(text)
+    if not value.is_integer():
+        raise ConfigError(f"expected a whole number, got {text!r}")
+    return int(value)
+
+
+def _fraction(text: str) -> float:
+    """A fraction in (0, 1]; checked while parsing so that every section sees the same rule."""
+    value = _count(text)
+    if not 0 < value <= 1:
+        hint = f"; for {value:g}% write {value / 100:g}" if 1 < value <= 100 else ""
+        raise ConfigError(f"must be a fraction in (0, 1], got {text!r}{hint}")
+    return value
 
 
 def _bandwidth(text: str) -> float:
@@ -56,6 +68,7 @@ def _bandwidth(text: str) -> float:
 COUNT = _typed("a number", _count)
 INT = _typed("a whole number", _int)
 FLOAT = _typed("a number", _count)
+FRACTION = _typed("a fraction", _fraction)
 ANY_FLOAT = _typed("a number", _count, positive=False)
 BANDWIDTH = _typed("a bandwidth", _bandwidth)
 
@@ -96,7 +109,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hw.add_argument("--dtype", choices=DTYPES, default="bf16", help="compute dtype (default bf16)")
     hw.add_argument(
         "--mfu",
-        type=FLOAT,
+        type=FRACTION,
         metavar="F",
         help="model FLOPs utilization 0-1 (default 0.35), e.g. from a `thrifty profile` run",
     )
@@ -284,6 +297,24 @@ def _plan_lever_options(plan: argparse.ArgumentParser) -> None:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
+    """Run the plan; a reader that stops early (`| head`) ends it quietly with exit code 0.
+
+    Output is flushed here, so a closed pipe is seen inside the handler rather than as an
+    ignored exception at interpreter exit.
+    """
     from thrifty.commands.plan.sections import run_plan
 
-    return run_plan(args)
+    try:
+        code = run_plan(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _discard_stdout()
+        return 0
+    return code
+
+
+def _discard_stdout() -> None:
+    """Point stdout at the null device, so that the flush at exit has nowhere to fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

@@ -161,9 +161,9 @@ def _scaling_section(
     else:
         tokens_per_gpu = args.micro_batch * args.grad_accum * seq
     mfu = args.mfu if args.mfu is not None else DEFAULT_MFU
-    compute = step_compute_seconds(params, tokens_per_gpu, hardware.gpu.peak_flops(args.dtype), mfu)
-    per_node = hardware.instance.gpu_count if hardware.instance else hardware.gpus
-    nodes = hardware.count if hardware.instance else 1
+    peak = hardware.gpu.peak_flops(args.dtype)
+    compute = step_compute_seconds(model, tokens_per_gpu, peak, mfu, recompute=args.recompute)
+    nodes, per_node, placement = _nodes(hardware)
     network = args.network_bandwidth
     if network is None and hardware.instance is not None:
         network = hardware.instance.network_gbs
@@ -176,8 +176,12 @@ def _scaling_section(
         inter_node_gbs=network,
         grad_bytes_per_param=float(args.grad_bytes),
     )
-    result.assumptions.append(
-        f"{tokens_per_gpu:,.0f} tokens per GPU per optimizer step; compute at MFU {mfu:.0%}"
+    result.assumptions.extend(
+        [
+            placement,
+            f"{tokens_per_gpu:,.0f} tokens per GPU per optimizer step; compute at MFU {mfu:.0%} "
+            "on the FLOPs the job estimate counts (attention and recompute included)",
+        ]
     )
     if args.zero == 3:
         result.assumptions.append(
@@ -185,6 +189,25 @@ def _scaling_section(
             "~1.5x this traffic with 16-bit gradients"
         )
     sections.add("scaling", result)
+
+
+def _nodes(hardware: Hardware) -> tuple[int, int, str]:
+    """(nodes, GPUs per node, why): an instance is one node; bare GPUs fill nodes of one NVLink
+    domain each, or PCIe servers for GPUs without NVLink."""
+    from thrifty.plan.scaling import node_layout, node_size
+
+    if hardware.instance is not None:
+        instance = hardware.instance
+        return hardware.count, instance.gpu_count, f"one node per {instance.name}"
+    gpu = hardware.gpu
+    size = node_size(gpu)
+    nodes, per_node = node_layout(hardware.gpus, size)
+    domain = (
+        f"one NVLink domain ({gpu.nvlink_domain_source})"
+        if gpu.nvlink_domain > 1
+        else "one PCIe server (no NVLink)"
+    )
+    return nodes, per_node, f"--gpu without an instance: nodes of at most {size} GPUs, {domain}"
 
 
 def _rate_given(args: argparse.Namespace) -> bool:
