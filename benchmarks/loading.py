@@ -21,14 +21,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from thrifty.demo import train_dataset
-from thrifty.levers.data_loading import (
-    EpochSampler,
-    LoaderSettings,
-    build_loader,
-    choose_num_workers,
-    sample_seed,
-    seed_generators,
-)
+from thrifty.levers.data_loading import LoaderSettings, build_loader, choose_num_workers
+from thrifty.levers.sampling import EpochSampler, sample_seed, seed_generators
 
 MICRO = 16
 

@@ -10,14 +10,9 @@ import pytest
 import torch
 
 from thrifty.errors import ConfigError
-from thrifty.levers import data_loading
-from thrifty.levers.data_loading import (
-    EpochSampler,
-    LoaderSettings,
-    build_loader,
-    epoch_order,
-    worker_candidates,
-)
+from thrifty.levers import data_loading, sampling
+from thrifty.levers.data_loading import LoaderSettings, build_loader, worker_candidates
+from thrifty.levers.sampling import EpochSampler, epoch_order
 
 SIZES = [1, 2, 3, 17, 1000, 4099, 40_000]  # 40 000 spans several blocks of positions
 
@@ -73,7 +68,7 @@ def test_a_start_yields_the_tail_without_computing_the_skipped_samples(
         computed.append(positions.numel())
         return epoch_order(positions, *args)
 
-    monkeypatch.setattr(data_loading, "epoch_order", counting)
+    monkeypatch.setattr(sampling, "epoch_order", counting)
     tail = list(sampler(n, rank, world, start))
     assert tail == whole[start:]
     assert sum(computed) == len(tail)  # not one position before `start`
@@ -103,7 +98,7 @@ def test_the_order_looks_random(n):
 def test_the_order_is_pinned_to_its_recorded_name():
     # Checkpoints record SHUFFLE: a change here changes the samples every resumed run sees,
     # and must come with a new name.
-    assert data_loading.SHUFFLE == "feistel-1"
+    assert sampling.SHUFFLE == "feistel-1"
     assert order(1000, seed=42, epoch=3)[:6] == [612, 130, 979, 814, 410, 499]
 
 

@@ -18,13 +18,8 @@ import torch
 
 from helpers import AugmentedTokens, TokenDataset, stop_group_after, tiny_gpt
 from thrifty.errors import ConfigError
-from thrifty.levers.data_loading import (
-    EpochSampler,
-    IgnoreStopSignals,
-    LoaderSettings,
-    _blocked,
-    build_loader,
-)
+from thrifty.levers.data_loading import IgnoreStopSignals, LoaderSettings, _blocked, build_loader
+from thrifty.levers.sampling import EpochSampler
 from thrifty.run.directory import read_metrics
 from thrifty.run.preemption import EXIT_PREEMPTED
 
@@ -261,7 +256,8 @@ LIVE_WORKERS_AT_EXIT = """
 import sys
 sys.path.insert(0, {tests!r})
 from helpers import TokenDataset
-from thrifty.levers.data_loading import EpochSampler, LoaderSettings, build_loader
+from thrifty.levers.data_loading import (LoaderSettings, build_loader)
+from thrifty.levers.sampling import (EpochSampler)
 
 loader = build_loader(TokenDataset(n=64), EpochSampler(64, shuffle=False), LoaderSettings(4, 2))
 batches = iter(loader)

@@ -6,7 +6,6 @@ import torch
 from helpers import BurnDataset
 from thrifty.errors import ConfigError
 from thrifty.levers.data_loading import (
-    EpochSampler,
     LoaderSettings,
     build_loader,
     choose_num_workers,
@@ -14,6 +13,7 @@ from thrifty.levers.data_loading import (
     resolve_pin_memory,
     worker_candidates,
 )
+from thrifty.levers.sampling import EpochSampler
 
 
 def fetch_times(seconds: dict[int, float]):

@@ -12,13 +12,8 @@ import torch
 from helpers import AugmentedTokens, tiny_gpt
 from test_resume import SigtermAt, config
 from thrifty import Trainer
-from thrifty.levers.data_loading import (
-    EpochSampler,
-    LoaderSettings,
-    SeededSamples,
-    build_loader,
-    sample_seed,
-)
+from thrifty.levers.data_loading import LoaderSettings, build_loader
+from thrifty.levers.sampling import EpochSampler, SeededSamples, sample_seed
 
 
 def epoch_batches(workers: int, epoch: int = 1, start: int = 0) -> list[torch.Tensor]:
@@ -105,7 +100,7 @@ def test_a_resumed_run_augmenting_in_2_workers_matches_the_uninterrupted_one_bit
 
 
 def test_a_window_saves_and_restores_the_training_streams_once(monkeypatch):
-    from thrifty.levers import data_loading
+    from thrifty.levers import sampling
 
     calls = []
     real = np.random.get_state
@@ -121,7 +116,7 @@ def test_a_window_saves_and_restores_the_training_streams_once(monkeypatch):
     random.seed(1)
     np.random.seed(1)
     batches = iter(loader)
-    with data_loading.training_rng_kept():  # what the Trainer opens around each window
+    with sampling.training_rng_kept():  # what the Trainer opens around each window
         window = [next(batches) for _ in range(3)]
     assert len(calls) == 1  # not once per batch
     assert torch.equal(torch.rand(3), expected[0])

@@ -16,7 +16,7 @@ from thrifty.commands.launch import _exit_code, strip_nprocs
 from thrifty.config import DistributedConfig, TrainConfig, flatten_keys
 from thrifty.errors import ConfigError
 from thrifty.levers.accumulation import loss_weights
-from thrifty.levers.data_loading import EpochSampler
+from thrifty.levers.sampling import EpochSampler
 from thrifty.strategies.process_group import Distributed, init_distributed
 
 

@@ -15,15 +15,13 @@ from torch.utils.data import DataLoader, Dataset
 from thrifty.config import TrainConfig
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.levers.data_loading import (
-    EpochSampler,
     LoaderSettings,
-    SeededSamples,
     WorkerChoice,
     build_loader,
     choose_num_workers,
     resolve_pin_memory,
-    training_rng_kept,
 )
+from thrifty.levers.sampling import EpochSampler, SeededSamples, training_rng_kept
 from thrifty.levers.sources import (
     LoaderSource,
     MapSource,

@@ -26,9 +26,9 @@ from torch import nn
 
 from thrifty.config import TrainConfig
 from thrifty.errors import ConfigError, ThriftyError
-from thrifty.levers.data_loading import SHUFFLE
 from thrifty.levers.early_stopping import EarlyStopping
 from thrifty.levers.precision import LossScaler
+from thrifty.levers.sampling import SHUFFLE
 from thrifty.measure.cost import LostWork
 from thrifty.run.config_changes import (
     ResumeChanges,
