@@ -324,6 +324,18 @@ def test_auto_interval_is_dalys_for_the_measured_stall():
     assert tau == 600.0
 
 
+def test_a_job_on_several_instances_is_interrupted_whenever_any_one_is(monkeypatch):
+    from thrifty.plan.spot import daly_interval
+    from thrifty.run.saves import auto_interval
+
+    # 4 nodes of 8 under torchrun: 4 x 0.5/h = 2/h for the job, an MTBI of 30 min.
+    monkeypatch.setenv("WORLD_SIZE", "32")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    tau, text = auto_interval(stall_seconds=2.0, save_seconds=5.0, interruption_rate=0.5)
+    assert tau == pytest.approx(daly_interval(2.0, 1800.0))
+    assert "0.5 interruptions/h per instance x 4 instances" in text
+
+
 def test_thrifty_spot_provider_pins_what_auto_means(monkeypatch):
     from thrifty.errors import ConfigError
     from thrifty.run.preemption import make_poller

@@ -54,7 +54,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return int(args.handler(args) or 0)
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # a closed pipe is seen here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:  # a reader that stopped early (`| head`): a quiet end
+        _discard_stdout()
+        return 0
     except ThriftyError as exc:
         _report(exc)
         return int(getattr(exc, "exit_code", EXIT_USAGE))
@@ -73,6 +78,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("thrifty: interrupted", file=sys.stderr)
         return 130
+
+
+def _discard_stdout() -> None:
+    """Point stdout at the null device, so that the flush at exit has nowhere to fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _lost_a_rank(exc: BaseException) -> bool:

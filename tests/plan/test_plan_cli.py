@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 JOB = ["plan", "--params", "7B", "--tokens", "140B", "--instance", "p4d.24xlarge@v7"]
@@ -105,6 +109,85 @@ def test_plan_with_an_advisor_bucket_adds_spot_economics(cli) -> None:
     assert spot["break_even_rate_per_hour"] > spot["rate_per_hour"]
 
 
+def test_a_fleet_of_64_spot_instances_is_interrupted_64_times_as_often(cli) -> None:
+    # Issue 14: p5.48xlarge x 64 at advisor '>20%' (3.94e-4/h per instance) gave 0.36
+    # interruptions and a 33,080 s interval; the job's rate is 64 times that.
+    data = cli(
+        "plan",
+        *("--params", "70B", "--tokens", "1.4T", "--instance", "p5.48xlarge", "--count", "64"),
+        *("--advisor", ">20%", "--json"),
+    ).json()["spot"]
+    assert data["instances"] == 64
+    assert data["rate_per_instance_per_hour"] == pytest.approx(3.938e-4, rel=1e-3)
+    assert data["rate_per_hour"] == pytest.approx(64 * 3.938e-4, rel=1e-3)
+    assert data["interval_seconds"] == pytest.approx(4100, rel=0.01)
+    assert data["expected_interruptions"] == pytest.approx(
+        data["rate_per_hour"] * data["work_hours"], rel=0.05
+    )
+    assert data["break_even_rate_per_instance_per_hour"] == pytest.approx(
+        data["break_even_rate_per_hour"] / 64
+    )
+
+
+def test_spot_break_even_comes_from_the_exact_model(cli) -> None:
+    from thrifty.plan.spot import break_even_rate
+
+    spot = cli(
+        *JOB, "--interruptions-per-hour", "0.1", "--save-seconds", "120", "--restart-seconds", "900"
+    )
+    assert spot.code == 0
+    assert "first-order approximations" in spot.out
+    data = cli(
+        *(JOB + ["--interruptions-per-hour", "0.1", "--save-seconds", "120"]),
+        *("--restart-seconds", "900", "--json"),
+    ).json()["spot"]
+    od, price, work = data["on_demand_per_hour"], data["spot_per_hour"], data["work_hours"]
+    assert data["break_even_rate_per_hour"] == pytest.approx(
+        break_even_rate(od, price, 120, 900, work_hours=work)
+    )
+
+
+def test_five_interruptions_an_hour_with_a_900_s_restart_is_planned_not_refused(cli) -> None:
+    # Issue 14: refused before with "the job never finishes"; about 3.5x the work.
+    r = cli(*JOB, "--interruptions-per-hour", "5", "--restart-seconds", "900", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["spot"]["overhead_factor"] == pytest.approx(3.49, abs=0.01)
+
+
+def test_an_mfu_out_of_range_is_refused_alike_with_or_without_tokens(cli) -> None:
+    without = cli("plan", "--params", "7B", "--instance", "p4d.24xlarge", "--mfu", "35")
+    with_tokens = cli(*JOB, "--mfu", "35")
+    assert without.code == with_tokens.code == 2
+    assert without.err == with_tokens.err
+    assert without.out == with_tokens.out == ""
+
+
+def test_a_whole_count_may_be_written_in_exponent_form(cli) -> None:
+    data = cli(
+        "plan", "--params", "7B", "--tokens", "1T", "--gpu", "A100", "--count", "1e3", "--json"
+    ).json()
+    assert data["estimate"]["gpus"] == 1000
+
+
+def test_a_reader_that_closes_the_pipe_early_ends_the_plan_quietly() -> None:
+    """`thrifty plan ... --json | head`: stdout whose reader has gone (EPIPE on every write)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = {k: v for k, v in os.environ.items() if k != "THRIFTY_CATALOG"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "thrifty.cli", *JOB, "--json"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=env,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert done.stderr.decode() == ""
+    assert done.returncode == 0
+
+
 def test_plan_levers_prints_a_table_and_writes_a_waterfall(cli, tmp_path) -> None:
     pytest.importorskip("matplotlib")
     chart = tmp_path / "levers.png"
@@ -124,6 +207,9 @@ def test_plan_budget_prints_the_compute_optimal_allocation(cli) -> None:
 
 
 def test_plan_budget_in_dollars_is_priced_at_the_instance(cli) -> None:
+    from thrifty.plan import load_catalog
+
+    spot = load_catalog().instance("p5.48xlarge").spot_per_hour
     data = cli(
         "plan",
         "--budget-dollars",
@@ -134,7 +220,7 @@ def test_plan_budget_in_dollars_is_priced_at_the_instance(cli) -> None:
         "spot",
         "--json",
     ).json()["chinchilla"]
-    assert any("spot $21.70/h" in note for note in data["assumptions"])
+    assert any(f"spot ${spot:.2f}/h" in note for note in data["assumptions"])
 
 
 def test_case_study_lists_each_disagreement_with_numbers(cli, tmp_path) -> None:
@@ -142,9 +228,12 @@ def test_case_study_lists_each_disagreement_with_numbers(cli, tmp_path) -> None:
     assert r.code == 0
     assert "$65.53/GPU-h" in r.out and "$4.10/GPU-h" in r.out
     assert "DISAGREES" in r.out and "disagreements:" in r.out
+    assert "per year" in r.out  # the article's 24 runs are a year's
     data = cli("plan", "--case-study", "--json").json()
-    assert data["catalog_levers"]["final"] == pytest.approx(6585.60)
-    assert len(data["disagreements"]) >= 8
+    # 22.4 runs x 40 h at p4d@v7's spot median, $6.7915/h (SkyPilot's AWS catalog v7, three
+    # us-east-1 zones): the levers' final yearly cost.
+    assert data["catalog_levers"]["final"] == pytest.approx(22.4 * 40 * 6.7915)
+    assert len(data["disagreements"]) == 12
 
 
 BAD_INPUT = [
@@ -170,11 +259,27 @@ BAD_INPUT = [
     (["plan", "--budget-dollars=-100", "--instance", "p4d.24xlarge"], "--budget-dollars: must be"),
     ([*JOB, "--interruptions-per-hour", "0"], "--interruptions-per-hour: must be greater than 0"),
     (
-        [*JOB, "--interruptions-per-hour", "2", "--checkpoint-interval", "3600"],
-        "above 1 per checkpoint interval",
+        [*JOB, "--interruptions-per-hour", "100", "--checkpoint-interval", "36000"],
+        "runs through with probability e^-1,002, so the expected time exceeds 1e300 h",
     ),
     ([*JOB, "--advisor", "30%"], "advisor bucket must be one of"),
-    ([*JOB, "--mfu", "2"], r"mfu must be in (0, 1], got 2"),
+    ([*JOB, "--mfu", "2"], "--mfu: must be a fraction in (0, 1], got '2'; for 2% write 0.02"),
+    (
+        ["plan", "--params", "7B", "--instance", "p4d.24xlarge", "--mfu", "35"],
+        "--mfu: must be a fraction in (0, 1], got '35'; for 35% write 0.35",
+    ),
+    (
+        ["plan", "--params", "7B", "--tokens", "1,4T", "--gpu", "A100"],
+        "--tokens: cannot read '1,4T': a comma could be a decimal mark or a thousands separator",
+    ),
+    (
+        ["plan", "--params", "7,5B", "--tokens", "1T", "--gpu", "A100"],
+        "--params: cannot read '7,5B': a comma",
+    ),
+    (
+        ["plan", "--params", "7B", "--tokens", "1T", "--gpu", "A100", "--count", "1.5"],
+        "--count: expected a whole number, got '1.5'",
+    ),
     (["plan", "--params", "7B", "--tokens", "1T", "--gpu", "T4"], "no bf16 peak for T4"),
     ([*JOB, "--bus-bandwidth", "300"], "give a number with its unit"),
     (["plan"], "thrifty plan needs a model"),

@@ -1,4 +1,5 @@
-"""Spot economics: interruption rates, Young/Daly intervals, expected cost, break-even."""
+"""Spot economics: interruption rates, Young/Daly intervals, the exact expected time, cost,
+break-even. The Monte-Carlo check of the exact model is in test_plan_spot_montecarlo.py."""
 
 from __future__ import annotations
 
@@ -10,11 +11,18 @@ from thrifty.errors import ConfigError
 from thrifty.plan import checkpoint_interval, daly_interval, spot_economics, young_interval
 from thrifty.plan.spot import (
     HOURS_PER_MONTH,
+    Schedule,
     break_even_rate,
     expected_hours,
+    fleet_rate,
     no_checkpoint_hours,
+    optimal_interval,
     rate_from_advisor,
 )
+
+# Issue 14's example: p4d.24xlarge@v7 prices (SkyPilot catalog snapshot v7: $32.77/h on-demand,
+# spot midpoint $7.35/h), save 120 s, restart 900 s.
+P4D_V7 = {"on_demand_per_hour": 32.77, "spot_per_hour": 7.35}
 
 
 def test_young_interval_is_the_square_root_of_two_save_times_mtbi() -> None:
@@ -67,29 +75,107 @@ def test_bad_rates_are_refused(kwargs: dict, match: str) -> None:
         checkpoint_interval(60, **kwargs)
 
 
-def test_expected_hours_add_checkpoints_and_lost_work() -> None:
-    # 100 h of work, 0.01/h, checkpoint every 1800 s taking 60 s, restart 600 s
+def test_expected_hours_are_exact_for_poisson_interruptions() -> None:
+    # 100 h of work, 0.01/h, checkpoint every 1800 s taking 60 s, restart 600 s: 200 segments of
+    # 1860 s, each (1/lambda + R)(e^(lambda*L) - 1) = (360000 + 600) * expm1(0.01 * 1860 / 3600)
     hours = expected_hours(100, 0.01, 1800, 60, 600)
-    assert hours == pytest.approx(100 * (1 + 60 / 1800) / (1 - 0.01 * (900 + 600) / 3600))
+    assert hours == pytest.approx(200 * 360600 * math.expm1(0.01 * 1860 / 3600) / 3600)
+    assert hours == pytest.approx(103.77340600672383, rel=1e-12)
+
+
+def test_the_exact_optimum_minimises_the_time_per_unit_of_work() -> None:
+    def per_work(tau: float) -> float:  # 1/h, 60 s save: e^(lambda(tau + delta)) - 1 over tau
+        return math.expm1((tau + 60) / 3600) / tau
+
+    tau = optimal_interval(1.0, 60)
+    assert tau == pytest.approx(617.8906, rel=1e-6)
+    assert per_work(tau) <= min(per_work(tau * f) for f in (0.99, 0.999, 1.001, 1.01))
+    # Young and Daly approximate it; Daly to 0.01% here
+    assert daly_interval(60, 3600) == pytest.approx(tau, rel=1e-4)
+    assert young_interval(60, 3600) == pytest.approx(tau, rel=0.07)
+
+
+def test_the_best_schedule_beats_every_other_number_of_checkpoints() -> None:
+    work, rate, save, restart = 20 * 3600.0, 0.5, 120.0, 900.0
+    best = Schedule.best(work, rate, save)
+
+    def hours(count: int) -> float:
+        return expected_hours(work / 3600, rate, work / count, save, restart)
+
+    assert all(hours(best.count) <= hours(n) for n in range(1, 200))
+    assert best.interval_seconds == pytest.approx(work / best.count)
+
+
+def test_issue_14_break_even_is_5_25_per_hour_not_2_23() -> None:
+    # The first-order model put the break-even at 2.23/h, where it predicted 4.46x the work;
+    # the exact model gives 2.35x there and a break-even of about 5.25/h.
+    assert break_even_rate(32.77, 7.35, 120, 900) == pytest.approx(5.2518, rel=1e-4)
+    at_old = spot_economics(
+        1869.7, **P4D_V7, rate_per_hour=2.23, save_seconds=120, restart_seconds=900
+    )
+    assert at_old.overhead_factor == pytest.approx(2.3516, rel=1e-4)
+
+
+def test_five_interruptions_an_hour_with_a_900_s_restart_finishes_in_about_3_5x_the_work() -> None:
+    # Issue 14: refused before as "the job never finishes"
+    plan = spot_economics(1869.7, **P4D_V7, rate_per_hour=5, restart_seconds=900)
+    assert plan.overhead_factor == pytest.approx(3.4867, rel=1e-4)
+    assert plan.break_even_rate_per_hour is not None
+    assert plan.spot_cost < plan.on_demand_cost
+
+
+def test_a_fleet_of_64_is_interrupted_64_times_as_often() -> None:
+    # Issue 14: p5.48xlarge x 64, AWS advisor '>20%' = 3.94e-4/h per instance, 921 h of work
+    # (70B, 1.4T tokens at 35% MFU): about 23 interruptions and an interval near 4,100 s,
+    # where the single-instance rate gave 0.36 and 33,080 s.
+    per_instance = rate_from_advisor(">20%")
+    assert per_instance == pytest.approx(3.938e-4, rel=1e-3)
+    plan = spot_economics(
+        921.0,
+        on_demand_per_hour=64 * 55.04,
+        spot_per_hour=64 * 21.70,
+        rate_per_hour=per_instance,
+        instances=64,
+    )
+    assert plan.rate_per_hour == pytest.approx(64 * per_instance)
+    assert plan.rate_per_instance_per_hour == pytest.approx(per_instance)
+    assert plan.interval_seconds == pytest.approx(4100, rel=0.01)
+    assert plan.daly_seconds == pytest.approx(4098, rel=0.01)
+    assert plan.expected_interruptions == pytest.approx(23.9, abs=0.1)
+    assert plan.rate_per_hour * plan.work_hours == pytest.approx(23.2, abs=0.1)
+    assert plan.break_even_rate_per_instance_per_hour == pytest.approx(
+        plan.break_even_rate_per_hour / 64
+    )
+
+
+def test_a_fleet_needs_a_whole_number_of_instances() -> None:
+    assert fleet_rate(0.01, 8) == pytest.approx(0.08)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ConfigError, match="instances must be a whole number >= 1"):
+            fleet_rate(0.01, bad)  # type: ignore[arg-type]
 
 
 def test_spot_cost_is_price_times_expected_hours_and_beats_on_demand_at_low_rates() -> None:
-    plan = spot_economics(72, on_demand_per_hour=32.77, spot_per_hour=7.35, rate_per_hour=0.05)
-    assert plan.interval_seconds == pytest.approx(daly_interval(60, 3600 / 0.05))
+    plan = spot_economics(72, **P4D_V7, rate_per_hour=0.05)
+    assert plan.interval_seconds == pytest.approx(optimal_interval(0.05, 60), rel=0.01)
+    assert plan.interval_source == "exact optimum"
     assert plan.spot_cost == pytest.approx(7.35 * plan.expected_hours)
     assert plan.on_demand_cost == pytest.approx(72 * 32.77)
-    assert plan.expected_interruptions == pytest.approx(0.05 * plan.expected_hours)
-    assert plan.lost_hours_per_interruption == pytest.approx(
-        (plan.interval_seconds / 2 + 600) / 3600
+    assert plan.checkpoint_overhead_hours == pytest.approx(plan.checkpoints * 60 / 3600)
+    assert plan.expected_hours == pytest.approx(
+        plan.work_hours
+        + plan.checkpoint_overhead_hours
+        + plan.expected_interruptions * plan.lost_hours_per_interruption
     )
     assert plan.spot_cost < plan.on_demand_cost
 
 
 def test_at_the_break_even_rate_spot_costs_what_on_demand_costs() -> None:
-    rate = break_even_rate(32.77, 7.35, 60, 600)
+    rate = break_even_rate(32.77, 7.35, 60, 600, work_hours=10)
     assert rate is not None
-    at = spot_economics(10, on_demand_per_hour=32.77, spot_per_hour=7.35, rate_per_hour=rate)
+    at = spot_economics(10, **P4D_V7, rate_per_hour=rate)
     assert at.spot_cost == pytest.approx(at.on_demand_cost, rel=1e-6)
+    assert at.break_even_rate_per_hour == pytest.approx(rate)
 
 
 def test_spot_never_pays_when_it_is_not_cheaper() -> None:
@@ -104,8 +190,23 @@ def test_without_checkpoints_a_job_restarts_from_scratch() -> None:
     assert plan.no_checkpoint_cost > plan.spot_cost
 
 
-def test_a_rate_above_one_interruption_per_checkpoint_interval_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"above 1 per checkpoint interval \(3600 s gives 2.00\)"):
+def test_more_than_one_interruption_per_checkpoint_interval_is_still_finite() -> None:
+    # 2/h with an hour between checkpoints: each segment runs through with probability
+    # e^(-2 * 3660/3600); refused before, yet the expectation is finite.
+    plan = spot_economics(
+        10, on_demand_per_hour=30, spot_per_hour=10, rate_per_hour=2, interval_seconds=3600
+    )
+    assert plan.expected_hours == pytest.approx(
+        10 * (0.5 + 600 / 3600) * math.expm1(2 * 3660 / 3600)
+    )
+
+
+def test_only_an_expected_time_beyond_a_float_is_refused_with_its_numbers() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"one every 36 s on average\): a segment of 36,660 s of work and save runs through with probability e\^-1,018, so the expected time exceeds 1e300 h",
+    ) as e:
         spot_economics(
-            10, on_demand_per_hour=30, spot_per_hour=10, rate_per_hour=2, interval_seconds=3600
+            100, on_demand_per_hour=30, spot_per_hour=10, rate_per_hour=100, interval_seconds=36600
         )
+    assert "checkpoint more often (the optimum is 33 s)" in str(e.value)

@@ -81,7 +81,7 @@ def run_prices(args: argparse.Namespace) -> int:
         untraced = [i.name for i in instances if not i.price_traced]
         if untraced:
             out.print(
-                "  untraced (no primary source; check before relying on them): "
+                "  † untraced (no primary source; check before relying on them): "
                 + ", ".join(untraced),
                 markup=False,
             )

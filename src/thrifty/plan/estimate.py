@@ -247,9 +247,8 @@ def _price_note(instance: Instance) -> str:
     note = f"prices for {instance.name}: {instance.dated_source}"
     if instance.spot_range is not None and instance.spot_per_hour is not None:
         low, high = instance.spot_range
-        note += (
-            f"; spot ${instance.spot_per_hour:.2f}/h is the midpoint of ${low:.2f}-${high:.2f}/h"
-        )
+        basis = instance.spot_basis or "typical"
+        note += f"; spot ${instance.spot_per_hour:.2f}/h ({basis}, ${low:.2f}-${high:.2f}/h)"
     elif instance.spot_per_hour is None:
         note += "; no spot price listed"
     return note

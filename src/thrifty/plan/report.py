@@ -84,7 +84,11 @@ def memory_table(m: MemoryPlan) -> _RichTable:
         ("bytes per parameter", f"{m.per_param.total:g} (before sharding)"),
         ("weights", fmt_bytes(m.weights)),
         ("gradients", fmt_bytes(m.gradients)),
-        ("optimizer states", fmt_bytes(m.optimizer_states) + " (fp32 master copy included)"),
+        (
+            "optimizer states",
+            fmt_bytes(m.optimizer_states)
+            + (" (fp32 master copy included)" if m.per_param.master else ""),
+        ),
     ]
     if m.activations is not None:
         rows.append(("activations", f"{fmt_bytes(m.activations)} (micro-batch {m.micro_batch})"))
@@ -137,26 +141,23 @@ def scaling_table(s: Scaling) -> _RichTable:
 
 
 def spot_table(p: SpotPlan) -> _RichTable:
-    be = p.break_even_rate_per_hour
     rows = [
-        (
-            "interruption rate",
-            f"{p.rate_per_hour:.4g}/h (one every {fmt_hours(1 / p.rate_per_hour)})",
-        ),
+        ("interruption rate", _spot_rate(p)),
         (
             "checkpoint interval",
-            f"{p.interval_seconds:,.0f} s ({p.interval_source}; Young {p.young_seconds:,.0f} s, "
-            f"Daly {p.daly_seconds:,.0f} s)",
+            f"{p.interval_seconds:,.0f} s ({p.interval_source}, {p.checkpoints:,} checkpoints); "
+            f"approximations: Young {p.young_seconds:,.0f} s, Daly {p.daly_seconds:,.0f} s",
         ),
         ("expected interruptions", f"{p.expected_interruptions:.2f}"),
         (
             "lost per interruption",
-            f"{fmt_hours(p.lost_hours_per_interruption)} (interval/2 + restart)",
+            f"{fmt_hours(p.lost_hours_per_interruption)} (work since the last checkpoint + restart)",
         ),
         ("checkpoint overhead", fmt_hours(p.checkpoint_overhead_hours)),
         (
             "expected wall-clock",
-            f"{fmt_hours(p.expected_hours)} vs {fmt_hours(p.work_hours)} on-demand",
+            f"{fmt_hours(p.expected_hours)} vs {fmt_hours(p.work_hours)} on-demand "
+            f"({p.overhead_factor:.3g}x)",
         ),
         ("cost, on-demand", f"{fmt_dollars(p.on_demand_cost)} at ${p.on_demand_per_hour:,.2f}/h"),
         (
@@ -164,12 +165,7 @@ def spot_table(p: SpotPlan) -> _RichTable:
             f"{fmt_dollars(p.spot_cost)} at ${p.spot_per_hour:,.2f}/h "
             f"({fmt_pct(1 - p.spot_cost / p.on_demand_cost)} saved)",
         ),
-        (
-            "break-even rate",
-            "spot never pays"
-            if be is None
-            else f"{be:.3g}/h (one every {fmt_hours(1 / be)}): above it spot costs more",
-        ),
+        ("break-even rate", _break_even(p)),
         (
             "without checkpoints",
             f"{fmt_hours(p.no_checkpoint_hours)}, "
@@ -177,6 +173,23 @@ def spot_table(p: SpotPlan) -> _RichTable:
         ),
     ]
     return _kv("Spot economics", rows)
+
+
+def _spot_rate(p: SpotPlan) -> str:
+    text = f"{p.rate_per_hour:.4g}/h (one every {fmt_hours(1 / p.rate_per_hour)})"
+    if p.instances > 1:
+        text += f" = {p.instances} instances x {p.rate_per_instance_per_hour:.4g}/h"
+    return text
+
+
+def _break_even(p: SpotPlan) -> str:
+    be = p.break_even_rate_per_hour
+    if be is None:
+        return "spot never pays"
+    text = f"{be:.3g}/h (one every {fmt_hours(1 / be)})"
+    if p.instances > 1 and p.break_even_rate_per_instance_per_hour is not None:
+        text += f", {p.break_even_rate_per_instance_per_hour:.3g}/h per instance"
+    return text + ": above it spot costs more"
 
 
 def chinchilla_table(chosen: Allocation, others: list[Allocation], notes: list[str]) -> _RichTable:
@@ -314,9 +327,9 @@ def instances_table(instances: Iterable[Instance]) -> tuple[_RichTable, list[str
         if i.spot_per_hour is not None:
             spot = f"{i.spot_per_hour:,.2f}"
             if i.spot_range:
-                spot += f" ({i.spot_range[0]:g}-{i.spot_range[1]:g})"
+                spot += f" ({i.spot_range[0]:.2f}-{i.spot_range[1]:.2f})"
         table.add_row(
-            i.name,
+            i.name if i.price_traced else f"{i.name} †",
             f"{i.gpu_count}x {i.gpu.name}",
             f"{i.on_demand_per_hour:,.2f}",
             spot,

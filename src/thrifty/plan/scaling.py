@@ -7,11 +7,11 @@ busbw figures plug in directly).
 GPUs share NVLink only within one domain, the catalog's `nvlink_domain` (8 on an HGX/DGX
 baseboard of A100, H100, H200 or B200); an instance is one node. Past that the all-reduce is
 hierarchical: NCCL's rings run over NVLink inside each node and cross the network between nodes,
-each ring leaving each node once. Every byte of every GPU's share still passes every hop, so each node's NICs carry
-2*(n-1)/n * S per all-reduce while its NVLink hops carry the same, in parallel and pipelined in
-chunks. The slower link sets the time: t = 2*(n-1)/n * S / min(B_nvlink, B_network), with
-B_network the node's network bandwidth (all NICs together); nccl-tests' bus bandwidth across
-nodes is likewise that of the hardware bottleneck.
+each ring leaving each node once. Every byte of every GPU's share still passes every hop, so
+each node's NICs carry 2*(n-1)/n * S per all-reduce while its NVLink hops carry the same, in
+parallel and pipelined in chunks. The slower link sets the time:
+t = 2*(n-1)/n * S / min(B_nvlink, B_network), with B_network the node's network bandwidth (all
+NICs together); nccl-tests' bus bandwidth across nodes is likewise that of the bottleneck link.
 
 Compute per step counts the FLOPs the job estimate counts (6*N per token, the attention term for a
 known shape, the recompute of activation checkpointing), so the two sections agree.
@@ -191,8 +191,8 @@ def _algorithm_note(gpus_per_node: int, nodes: int) -> str:
         return f"ring all-reduce {ring}"
     return (
         f"hierarchical all-reduce over {nodes} nodes of {gpus_per_node} GPUs: NCCL's rings use "
-        "NVLink inside a node and the network between, each node's NICs carrying 2(n-1)/n x "
-        f"gradient bytes, so the slower link sets {ring}"
+        "the intra-node link (NVLink or PCIe) inside a node and the network between, each "
+        f"node's NICs carrying 2(n-1)/n x gradient bytes, so the slower link sets {ring}"
     )
 
 

@@ -191,6 +191,7 @@ class Schedule:
         per_interval = work_seconds / optimal_interval(rate_per_hour, save_seconds)
         counts = {max(1, math.floor(per_interval)), max(1, math.ceil(per_interval))}
         rate_s = rate_per_hour / SECONDS_PER_HOUR
+        # E[T] = interruptions * (1/lambda + R): the fewest interruptions is the least time.
         return min(
             (cls.even(work_seconds, n) for n in counts),
             key=lambda s: s.expected_interruptions(rate_s, save_seconds),
@@ -363,7 +364,8 @@ def _never_finishes(rate: float, schedule: Schedule, save: float, given: bool) -
         else "make the save shorter"
     )
     return ConfigError(
-        f"interruption rate {rate:g}/h: a segment of {longest:,.0f} s of work and save runs "
+        f"interruption rate {rate:g}/h (one every {SECONDS_PER_HOUR / rate:,.0f} s on average): "
+        f"a segment of {longest:,.0f} s of work and save runs "
         f"through with probability e^-{exponent:,.0f}, so the expected time exceeds 1e300 h "
         f"(the job effectively never finishes); {fix}, or use on-demand"
     )

@@ -9,6 +9,7 @@ Trainer asks it one question per step boundary (`due`), which costs a clock read
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,22 +34,33 @@ class Interval:
 
 
 def auto_interval(
-    stall_seconds: float, save_seconds: float, interruption_rate: float | str
+    stall_seconds: float,
+    save_seconds: float,
+    interruption_rate: float | str,
+    instances: int | None = None,
 ) -> tuple[float, str]:
     """The Young/Daly interval (seconds) for the measured stall, and a line explaining it.
 
     With asynchronous saves the work lost to a checkpoint is the stall, not the full write, so
     the stall is Daly's δ; the interval is never shorter than one full write (one save in flight).
+    `interruption_rate` is one instance's; the job is interrupted whenever any of its
+    `instances` (default: the nodes torchrun started, `job_instances()`) is, so its rate is that
+    many times larger.
     """
     from thrifty.plan.spot import checkpoint_interval
+    from thrifty.plan.spot import interruption_rate as rate_of
 
     delta = max(stall_seconds, 1e-3)
+    nodes = job_instances() if instances is None else instances
     if isinstance(interruption_rate, str):
-        plan = checkpoint_interval(delta, advisor_bucket=interruption_rate.replace(" ", ""))
-        rate_text = f"AWS advisor bucket {interruption_rate} ≈ {plan.rate_per_hour:.2e}/h"
+        one = rate_of(advisor_bucket=interruption_rate.replace(" ", ""))
+        rate_text = f"AWS advisor bucket {interruption_rate} ≈ {one:.2e}/h"
     else:
-        plan = checkpoint_interval(delta, rate_per_hour=interruption_rate)
+        one = rate_of(rate_per_hour=interruption_rate)
         rate_text = f"{interruption_rate:g} interruptions/h"
+    if nodes > 1:
+        rate_text += f" per instance x {nodes} instances"
+    plan = checkpoint_interval(delta, rate_per_hour=one * nodes)
     tau = max(plan.daly_seconds, save_seconds)
     rate = plan.rate_per_hour / 3600.0
     overhead = delta / tau + rate * tau / 2  # saving, plus half an interval lost per interruption
@@ -57,6 +69,16 @@ def auto_interval(
         f"{save_seconds:.2f} s, {rate_text}); expected overhead {overhead * 100:.2g}%"
     )
     return tau, text
+
+
+def job_instances() -> int:
+    """The machines the job runs on: torchrun's WORLD_SIZE over LOCAL_WORLD_SIZE (1 alone)."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    except ValueError:
+        return 1
+    return max(1, world // max(1, local))
 
 
 def _human(seconds: float) -> str:

@@ -155,6 +155,7 @@ def spot_plan(
             on_demand_per_hour=found.on_demand_per_hour * price.instances,
             spot_per_hour=found.spot_per_hour * price.instances,
             rate_per_hour=rate,
+            instances=price.instances,  # any one interrupted stops the job
         )
     except ThriftyError as exc:
         return None, f"no spot lever: {exc}"

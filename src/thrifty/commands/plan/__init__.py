@@ -9,8 +9,6 @@ Registering only builds the parser; the handler imports the planner when it runs
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -297,24 +295,6 @@ def _plan_lever_options(plan: argparse.ArgumentParser) -> None:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    """Run the plan; a reader that stops early (`| head`) ends it quietly with exit code 0.
-
-    Output is flushed here, so a closed pipe is seen inside the handler rather than as an
-    ignored exception at interpreter exit.
-    """
     from thrifty.commands.plan.sections import run_plan
 
-    try:
-        code = run_plan(args)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        _discard_stdout()
-        return 0
-    return code
-
-
-def _discard_stdout() -> None:
-    """Point stdout at the null device, so that the flush at exit has nowhere to fail."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
+    return run_plan(args)

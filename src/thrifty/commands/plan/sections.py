@@ -180,7 +180,8 @@ def _scaling_section(
         [
             placement,
             f"{tokens_per_gpu:,.0f} tokens per GPU per optimizer step; compute at MFU {mfu:.0%} "
-            "on the FLOPs the job estimate counts (attention and recompute included)",
+            "of the FLOPs the job estimate counts (6*N per token, plus attention for a shape "
+            "and recompute)",
         ]
     )
     if args.zero == 3:
@@ -237,6 +238,7 @@ def _spot_section(
         on_demand_per_hour=_price(hardware, "on-demand"),
         spot_per_hour=_price(hardware, "spot"),
         rate_per_hour=rate,
+        instances=hardware.count,
         save_seconds=args.save_seconds,
         restart_seconds=args.restart_seconds,
         interval_seconds=args.checkpoint_interval,
