@@ -157,7 +157,7 @@ def spot_table(p: SpotPlan) -> _RichTable:
         (
             "expected wall-clock",
             f"{fmt_hours(p.expected_hours)} vs {fmt_hours(p.work_hours)} on-demand "
-            f"({p.overhead_factor:.3g}x)",
+            f"({p.overhead_factor:.2f}x)",
         ),
         ("cost, on-demand", f"{fmt_dollars(p.on_demand_cost)} at ${p.on_demand_per_hour:,.2f}/h"),
         (
