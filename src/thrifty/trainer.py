@@ -377,16 +377,23 @@ class Trainer:
         if self.dist.enabled and uses_tokens(window, cfg.batch.normalize):
             # Token weights need the window's tokens over all ranks before backward.
             totals = self.dist.sum_ints([samples, tokens])
-        loss, grad_norm, skipped = self._train_step(window, counts, timer, totals)
+
+        def say() -> list[int]:
+            """This rank's word at the boundary, read once backward is done: the counts, a
+            preemption notice, its clock, a save due."""
+            out_of_time = self.budget.out_of_time(clock.seconds())
+            due = self.checkpointer.due(s.step + 1)
+            return [samples, tokens, self.checkpointer.preempted, out_of_time, due]
+
+        loss, grad_norm, skipped, heard = self._train_step(
+            window, counts, timer, totals, say if self.dist.enabled else None
+        )
         seconds = clock.seconds()
         preempted, due = self.checkpointer.preempted, self.checkpointer.due(s.step + 1)
         time_up = False
-        if self.dist.enabled:  # one agreement per step: the counts, and any rank's say
-            agreed = self.dist.sum_ints(
-                [samples, tokens, preempted, self.budget.out_of_time(seconds), due]
-            )
-            samples, tokens = totals or agreed[:2]
-            preempted, time_up, due = (n > 0 for n in agreed[2:])
+        if heard is not None:  # every rank's say, agreed on with the out-of-memory verdict
+            samples, tokens = totals or heard[:2]
+            preempted, time_up, due = (n > 0 for n in heard[2:])
         s.advance(samples, tokens, seconds, self.accumulation)
         reason = self._boundary(preempted, time_up, due, loss, skipped, monitor, clock)
         monitor.add(
@@ -414,20 +421,22 @@ class Trainer:
         counts: tuple[list[int], list[int]],
         timer: NullTimer,
         totals: list[int] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | bool | None]:
+        say: Callable[[], list[int]] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | bool | None, list[int] | None]:
         """One optimizer step over an accumulation window; returns (loss, grad norm, skipped) as
         tensors on the device — reading them would force a host sync, so the caller batches
-        that. `skipped` (None with the guard off) is True where a non-finite loss or gradient
-        left the step out.
+        that — and what the ranks agreed on. `skipped` (None with the guard off) is True where
+        a non-finite loss or gradient left the step out.
         `counts` are the window's samples and tokens per micro-batch, counted on the host;
-        `totals` the samples and tokens of the window over all ranks (None: one process)."""
+        `totals` the samples and tokens of the window over all ranks (None: one process);
+        `say()` this rank's boundary word, summed over the ranks (None: one process)."""
         p, strategy = self.parts, self.strategy
         if self.halving.times:  # the micro-batch an earlier out-of-memory error left
             window = self.halving.apply(window)
             counts = window_counts(window)
         while True:
             try:
-                window_loss = self._accumulate(window, counts, timer, totals)
+                window_loss, heard = self._accumulate(window, counts, timer, totals, say)
                 break
             except torch.OutOfMemoryError as exc:
                 error = str(exc)
@@ -451,7 +460,12 @@ class Trainer:
         p.scheduler.step()  # set back at the next flush for a skipped step
         self.optimizer.zero_grad(set_to_none=True)
         timer.mark("optimizer")
-        return window_loss, grad_norm, skipped  # this rank's; averaged over ranks when logged
+        return (
+            window_loss,
+            grad_norm,
+            skipped,
+            heard,
+        )  # the loss is this rank's: averaged when logged
 
     def _accumulate(
         self,
@@ -459,11 +473,13 @@ class Trainer:
         counts: tuple[list[int], list[int]],
         timer: NullTimer,
         totals: list[int] | None,
-    ) -> torch.Tensor:
+        say: Callable[[], list[int]] | None,
+    ) -> tuple[torch.Tensor, list[int] | None]:
         """Forward and backward over the window's micro-batches, each weighted by its share;
-        the window's mean loss (fp32, on the device). Raises OutOfMemoryError when any rank
-        ran out of memory: a rank that did takes part in the others' gradient synchronization
-        first, so every rank replays the window together and none waits in a collective."""
+        the window's mean loss (fp32, on the device), and `say()` summed over the ranks. Raises
+        OutOfMemoryError when any rank ran out of memory: a rank that did takes part in the
+        others' gradient synchronization first, so every rank replays the window together and
+        none waits in a collective. The verdict rides on the step's one host-side agreement."""
         weights = loss_weights(
             window, self.config.batch.normalize, counts, totals, self.dist.world_size
         )
@@ -484,12 +500,15 @@ class Trainer:
                 self.strategy.join_sync(
                     functools.partial(self._micro_step, one, 0.0, True, NullTimer())
                 )
-        if self.dist.enabled and self.dist.any_of(failed is not None)[0]:
-            failed = failed or "out of memory on another rank"
+        heard = None
+        if say is not None:
+            verdict, *heard = self.dist.sum_ints([int(failed is not None), *say()])
+            if verdict:
+                failed = failed or "out of memory on another rank"
         if failed is not None:
             raise torch.OutOfMemoryError(failed)
         assert window_loss is not None  # a window holds at least one micro-batch
-        return window_loss
+        return window_loss, heard
 
     def _micro_step(self, batch: Any, weight: Any, sync: bool, timer: NullTimer) -> torch.Tensor:
         """One micro-batch's forward and backward, its loss weighted by `weight`; returns the

@@ -43,7 +43,8 @@ _BUILTIN_NAMES: tuple[tuple[str, str], ...] = (
     (r"\bH100\b.*\bPCIe\b", "H100-PCIe"),
     (r"\bH100\b.*\b(SXM\w*|HBM3)\b", "H100-SXM"),
     (r"\bH200\b(?!.*\bNVL\b)", "H200-SXM"),  # H200 NVL is a different (lower-power) part
-    (r"\bA100\b.*\b80GB\b", "A100-SXM4-80GB"),  # A100 PCIe has the same dense peaks as SXM
+    (r"\bA100\b(?=.*\b80GB\b)(?=.*\bPCIe\b)", "A100-PCIe-80GB"),  # SXM's peaks, less bandwidth
+    (r"\bA100\b.*\b80GB\b", "A100-SXM4-80GB"),
     (r"\bA100\b", "A100-SXM4-40GB"),
     (r"\bL4\b", "L4"),
     (r"\bT4\b", "T4"),
