@@ -1,10 +1,11 @@
 """What agreeing at every step boundary costs a job of several processes.
 
-With more than one process, the Trainer agrees once per optimizer step, on its gloo control
-group: one all-reduce of five integers (the window's samples and tokens, and whether any rank
-is preempted, out of time or due a checkpoint). Token-normalized windows add one more, of two
-integers, before backward. This times both, as the Trainer calls them, in N local processes,
-and prints microseconds per step.
+With more than one process, the Trainer agrees twice per optimizer step, on its gloo control
+group: before the window, whether every rank has one (two integers: its pass ended, its data
+raised); after backward, one all-reduce of six integers (whether any rank ran out of memory,
+the window's samples and tokens, and whether any rank is preempted, out of time or due a
+checkpoint). Token-normalized windows add one more, of two integers, before backward. This
+times them, as the Trainer calls them, in N local processes, and prints microseconds per step.
 
     python benchmarks/control_plane.py [--nprocs 2] [--steps 2000]
 """
@@ -29,16 +30,17 @@ def worker(rank: int, world: int, port: int, steps: int, out: dict) -> None:
         strategy="ddp", rank=rank, world_size=world, backend="gloo", control=dist.group.WORLD
     )
     for _ in range(100):  # warm-up
-        d.sum_ints([64, 4096, 0, 0, 0])
+        d.sum_ints([0, 64, 4096, 0, 0, 0])
     for name, calls in (("one", 1), ("tokens", 2)):
         rounds = []
         for _ in range(5):
             d.barrier()
             start = time.perf_counter()
             for _ in range(steps):
+                d.sum_ints([0, 0])  # the window: every rank has one
                 if calls == 2:
-                    d.sum_ints([64, 4096])
-                d.sum_ints([64, 4096, 0, 0, 0])
+                    d.sum_ints([64, 4096])  # the window's tokens, before backward
+                d.sum_ints([0, 64, 4096, 0, 0, 0])  # after backward
             rounds.append((time.perf_counter() - start) / steps)
         if rank == 0:
             out[name] = statistics.median(rounds) * 1e6
