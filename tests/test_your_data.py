@@ -292,9 +292,9 @@ def test_a_dataloader_without_state_says_so_and_is_used_as_is(tmp_path, caplog):
 # --- bad input: one line each ---------------------------------------------------------------
 
 
-def one_line(tmp_path: Path, data: Any, **kw) -> str:
+def one_line(tmp_path: Path, data: Any, name: str = "bad", steps: int = 2, **kw) -> str:
     with pytest.raises(ThriftyError) as error:
-        run_in_process(tmp_path, "bad", data, 2, **kw)
+        run_in_process(tmp_path, name, data, steps, **kw)
     message = str(error.value)
     assert "\n" not in message
     return message
@@ -424,3 +424,13 @@ class Bucketed(torch.utils.data.Sampler[int]):
 
 def test_a_sampler_with_state_dict_resumes_exactly(tmp_path):
     assert resumed_equals_whole(tmp_path, Windows, sampler=Bucketed)
+
+
+def test_a_stream_saved_by_other_workers_is_refused_in_one_line(tmp_path):
+    # Each worker held part of the stream's position: another split cannot continue it.
+    run_in_process(tmp_path, "run", Stream, 3, workers=2)
+    message = one_line(tmp_path, Stream, workers=0, name="run", steps=6)
+    assert message == (
+        "the checkpoint's data position was saved by a loader with 2 worker(s) and this one has "
+        "0: each worker holds part of the stream's position; resume with data.num_workers = 2"
+    )

@@ -292,18 +292,18 @@ class StreamSource(Source):
     def begin(self, epoch: int, consumed: int) -> Iterator[Any]:
         _set_epoch(self.stream, epoch)
         if self._restored is not None:
-            target = self.stream if self.own_state else self.loader
-            target.load_state_dict(self._restored)
+            _restore(self.stream if self.own_state else self.loader, self._restored)
             self._restored = None
         return iter(self.loader)
 
     def state_dict(self) -> Any:
         if not self.exact:
             return None
-        return self.stream.state_dict() if self.own_state else self.loader.state_dict()
+        state = self.stream.state_dict() if self.own_state else self.loader.state_dict()
+        return {"num_workers": self.loader.num_workers, "state": state}
 
     def load_state_dict(self, state: Any) -> None:
-        self._restored = state
+        self._restored = _same_workers(state, self.loader, "data.num_workers = {n}")
 
 
 # --- your DataLoader -----------------------------------------------------------------------------
@@ -327,16 +327,42 @@ class LoaderSource(Source):
             _set_epoch(part, epoch)  # a DistributedSampler reshuffles by epoch
         _set_epoch(loader.dataset, epoch)
         if self._restored is not None:
-            loader.load_state_dict(self._restored)
+            _restore(loader, self._restored)
             self._restored = None
         return iter(loader)
 
     def state_dict(self) -> Any:
-        return self.loader.state_dict() if self.exact else None
+        if not self.exact:
+            return None
+        return {"num_workers": self.loader.num_workers, "state": self.loader.state_dict()}
 
     def load_state_dict(self, state: Any) -> None:
         if state is not None and self.exact:
-            self._restored = state
+            self._restored = _same_workers(state, self.loader, "num_workers={n} in your DataLoader")
+
+
+def _same_workers(saved: dict[str, Any], loader: Any, fix: str) -> Any:
+    """The saved loader state, refused in one line when another worker count wrote it: each
+    worker held part of the position, and a stream split another way cannot continue it."""
+    n = saved["num_workers"]
+    if n != loader.num_workers:
+        raise ConfigError(
+            f"the checkpoint's data position was saved by a loader with {n} worker(s) and this "
+            f"one has {loader.num_workers}: each worker holds part of the stream's position; "
+            f"resume with {fix.format(n=n)}"
+        )
+    return saved["state"]
+
+
+def _restore(target: Any, state: Any) -> None:
+    """`target.load_state_dict(state)`; a state it cannot take is one line, not a traceback."""
+    try:
+        target.load_state_dict(state)
+    except Exception as exc:
+        raise ThriftyError(
+            f"the checkpoint's data position does not fit this data pipeline ({type(exc).__name__}: "
+            f"{exc}): resume with the pipeline that wrote it"
+        ) from None
 
 
 # --- the checks, and samples to count FLOPs and size micro-batches with ------------------------
