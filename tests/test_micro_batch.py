@@ -235,3 +235,17 @@ def test_where_arithmetic_is_exact_the_micro_batch_changes_no_bit(tmp_path, micr
     whole, split = weights("whole", 16), weights("split", micro)
     assert not torch.equal(whole, Exact().w.detach())  # it trained
     assert torch.equal(split, whole)
+
+
+class Streamed(torch.utils.data.IterableDataset):
+    """`data()` as a stream: no length, no indexing."""
+
+    def __iter__(self):
+        return iter(data())
+
+
+def test_auto_sizes_a_stream_from_its_first_samples(tmp_path):
+    trainer = Trainer(Tight(limit=16), Streamed(), config(tmp_path, "stream", "auto"))
+    trainer.fit()
+    assert trainer.micro == 16 and trainer.accumulation == 4
+    assert [(t.micro, t.fits) for t in trainer.micro_search.tried][-2:] == [(16, True), (32, False)]

@@ -75,10 +75,10 @@ def check_train_data(
             f"{order} a map-style Dataset (with __getitem__ and __len__)"
             + (", or build the DataLoader with it" if loader else "")
         )
-    if (loader or stream) and config.batch.micro == "auto":
+    if loader and config.batch.micro == "auto":
         raise ThriftyError(
-            f"batch.micro = 'auto' measures with samples it indexes, and {where} is "
-            f"{'a DataLoader' if loader else 'a stream'}: set batch.micro to a number"
+            f"batch.micro = 'auto' sizes the batches thrifty's loader makes, and {where} is a "
+            "DataLoader with its own batch size: set batch.micro to it"
         )
     if not (loader or stream):
         check_dataset(train_data, where, micro, "batch.micro")

@@ -231,7 +231,7 @@ class Trainer:
             collate_fn or default_collate,
             call,
             device=self.device,
-            per_rank=min(self.effective_batch // world, len(data)),  # type: ignore[arg-type]  # map-style: checked by check_inputs
+            per_rank=self.effective_batch // world,  # at most the data's: see measure_micro
             margin=self.config.batch.memory_margin,
             agree=lambda fits: not self.dist.any_of(not fits)[0],
         )

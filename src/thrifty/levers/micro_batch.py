@@ -247,8 +247,11 @@ def measure_micro(
     from thrifty.errors import ThriftyError
     from thrifty.levers.accumulation import to_device
 
+    samples = _trial_samples(data, per_rank)
+    per_rank = min(per_rank, len(samples))
+
     def step(micro: int) -> None:
-        loss = call(to_device(collate([data[i] for i in range(micro)]), device))
+        loss = call(to_device(collate(samples[:micro]), device))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -260,6 +263,35 @@ def measure_micro(
         raise ThriftyError(out_of_memory_message(str(exc), device)) from None
     log.info(search.describe())
     return search
+
+
+def _trial_samples(data: Any, per_rank: int) -> Any:
+    """What the trial steps are made of: the first samples of a stream, read once from a fresh
+    iterator (the training's own is not touched), or the dataset itself, indexed lazily."""
+    from itertools import islice
+
+    from thrifty.errors import ThriftyError
+    from thrifty.levers.sources import is_stream
+
+    if not is_stream(data):
+        return _Indexed(data, min(per_rank, len(data)))
+    samples = list(islice(iter(data), per_rank))
+    if not samples:
+        raise ThriftyError("train_data yielded no sample: check the stream's source")
+    return samples
+
+
+class _Indexed:
+    """The first `n` samples of a map-style dataset, read only when sliced."""
+
+    def __init__(self, data: Any, n: int) -> None:
+        self.data, self.n = data, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, part: slice) -> list[Any]:
+        return [self.data[i] for i in range(*part.indices(self.n))]
 
 
 class Halving:
