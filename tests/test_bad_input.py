@@ -232,3 +232,28 @@ def test_collate_fn_comes_from_the_task(capsys, project, tmp_path):
     )
     assert code == 0, err
     assert sys.modules["badinputproj"].COLLATED and set(sys.modules["badinputproj"].COLLATED) == {4}
+
+
+def test_a_profile_uses_the_tasks_collate_fn_and_its_own_breakdown(capsys, project):
+    import sys
+
+    # The job's own config leaves the breakdown off; the profile is made of it.
+    project.write_text(project.read_text() + "[measure]\nbreakdown = false\n")
+    seen = getattr(sys.modules.get("badinputproj"), "COLLATED", [])
+    before = len(seen)
+    code, out, err = run_cli(
+        capsys,
+        "profile",
+        str(project),
+        "--steps",
+        "8",
+        "--set",
+        "task.train_data=badinputproj:pairs",
+        "--set",
+        "task.collate_fn=badinputproj:collate",
+        "--set",
+        "run.max_epochs=100",
+    )
+    assert code == 0, err
+    assert len(sys.modules["badinputproj"].COLLATED) > before
+    assert "bottleneck:" in out  # the breakdown the job's config may leave off

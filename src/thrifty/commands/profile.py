@@ -60,6 +60,7 @@ def run_profile(args: argparse.Namespace) -> int:
             ("checkpoint.location", f"{tmp}/checkpoints"),
             ("checkpoint.resume", "never"),
             ("spot.provider", "none"),
+            ("measure.breakdown", True),  # what a profile is made of, whatever the job says
             *parse_set_args(args.overrides),
         ]
         if args.trace:
@@ -72,11 +73,21 @@ def run_profile(args: argparse.Namespace) -> int:
         task = build_task(config)
         # No validation: a profile measures training steps only.
         trainer = Trainer(
-            task.model, task.train_data, config, optimizer=task.optimizer, loss_fn=task.loss_fn
+            task.model,
+            task.train_data,
+            config,
+            optimizer=task.optimizer,
+            loss_fn=task.loss_fn,
+            collate_fn=task.collate_fn,
         )
         result = trainer.fit()
     diagnosis = trainer.diagnosis
     if diagnosis is None:
+        if not config.measure.breakdown:
+            raise ThriftyError(
+                "a profile needs the per-step breakdown, and --set measure.breakdown=false turns "
+                "it off: leave it on"
+            )
         raise ThriftyError(
             "the profile measured no step after warm-up: use more --steps (e.g. --steps 20)"
         )
