@@ -394,6 +394,18 @@ def test_a_sampler_that_shards_itself_is_taken_whole():
 
     fed = fed_to_ranks(Ids(), 2, sampler=sampler)
     assert fed[0] == list(sampler(0)) and fed[1] == list(sampler(1))
+    batches = TrainBatches(
+        Ids(),
+        TrainConfig.from_dict({"run": {"max_steps": 1, "device": "cpu"}}),
+        torch.device("cpu"),
+        None,
+        micro=4,
+        accumulation=1,
+        rank=0,
+        world_size=2,
+        sampler=sampler(0),
+    )
+    assert batches.source.exact  # its order follows from (seed, epoch): nothing to warn of
     assert sorted(fed[0] + fed[1]) == list(range(64))
 
 

@@ -185,11 +185,14 @@ class OrderSource(Source):
 
 
 def _draws_randomly(order: Any) -> bool:
-    from torch.utils.data import BatchSampler, SequentialSampler
+    """Whether the order may differ between two runs at the same epoch: not a fixed sequence,
+    nor a DistributedSampler (its order follows from its seed and epoch)."""
+    from torch.utils.data import BatchSampler, DistributedSampler, SequentialSampler
 
     if isinstance(order, BatchSampler):
         order = order.sampler
-    return not isinstance(order, (SequentialSampler, range, list, tuple))
+    fixed = (SequentialSampler, DistributedSampler, range, list, tuple)
+    return not isinstance(order, fixed)
 
 
 # --- a stream ------------------------------------------------------------------------------------
