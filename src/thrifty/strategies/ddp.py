@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -28,7 +29,7 @@ class DDP(Strategy):
         self._ddp = DistributedDataParallel(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
-            broadcast_buffers=False,
+            **_no_buffer_sync_in_forward(DistributedDataParallel),
         )
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._grads_before: list[tuple[torch.Tensor | None, int]] = []
@@ -78,6 +79,14 @@ class DDP(Strategy):
         with torch.no_grad():
             for buffer in self._ddp.module.buffers():
                 dist.broadcast(buffer, src=0)
+
+
+def _no_buffer_sync_in_forward(ddp: Any) -> dict[str, Any]:
+    """The argument that keeps buffers out of DDP's forward: `forward_sync_buffers` where this
+    torch has it (its older name, `broadcast_buffers`, is deprecated there), else the older."""
+    if "forward_sync_buffers" in inspect.signature(ddp).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
 
 
 def _grad_mark(p: nn.Parameter) -> tuple[torch.Tensor | None, int]:
