@@ -46,6 +46,21 @@ class Task:
     loss_fn: Any = None
     collate_fn: Any = None
 
+    def trainer(self, config: TrainConfig, *, validate: bool = True) -> Any:
+        """The Trainer of this task: every part the factories built, passed in one place.
+        `validate=False` leaves the validation set out (a profile measures training only)."""
+        from thrifty.trainer import Trainer
+
+        return Trainer(
+            self.model,
+            self.train_data,
+            config,
+            optimizer=self.optimizer,
+            val_data=self.val_data if validate else None,
+            loss_fn=self.loss_fn,
+            collate_fn=self.collate_fn,
+        )
+
 
 def call_factory(factory: Any, args: dict[str, Any], field: str, args_field: str) -> Any:
     """Call `factory(**args)`, or say in one line which keyword it does not take."""

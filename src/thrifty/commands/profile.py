@@ -41,7 +41,6 @@ def run_profile(args: argparse.Namespace) -> int:
     from thrifty.report import print_diagnosis
     from thrifty.run.rng import seed_everything
     from thrifty.task import build_task
-    from thrifty.trainer import Trainer
 
     if args.steps < 1:
         raise ThriftyError(
@@ -71,15 +70,7 @@ def run_profile(args: argparse.Namespace) -> int:
         config = load_config(args.config, overrides, base=base)
         seed_everything(config.run.seed)
         task = build_task(config)
-        # No validation: a profile measures training steps only.
-        trainer = Trainer(
-            task.model,
-            task.train_data,
-            config,
-            optimizer=task.optimizer,
-            loss_fn=task.loss_fn,
-            collate_fn=task.collate_fn,
-        )
+        trainer = task.trainer(config, validate=False)  # a profile measures training only
         result = trainer.fit()
     diagnosis = trainer.diagnosis
     if diagnosis is None:

@@ -143,7 +143,6 @@ def _train(config: Any) -> int:
     from thrifty.run.rng import seed_everything
     from thrifty.strategies.process_group import env_rank
     from thrifty.task import build_task
-    from thrifty.trainer import Trainer
 
     # Only rank 0 speaks; the other ranks log errors alone, naming themselves.
     rank = env_rank()
@@ -154,15 +153,7 @@ def _train(config: Any) -> int:
     install_log_redaction()  # no credential reaches the terminal or a captured log
     seed_everything(config.run.seed)
     task = build_task(config)
-    trainer = Trainer(
-        task.model,
-        task.train_data,
-        config,
-        optimizer=task.optimizer,
-        val_data=task.val_data,
-        loss_fn=task.loss_fn,
-        collate_fn=task.collate_fn,
-    )
+    trainer = task.trainer(config)
     with trainer:  # the ranks leave the process group together: a launcher sees one outcome
         trainer.interface = "cli"  # messages name the command line's flags
         result = trainer.fit()
