@@ -10,9 +10,11 @@ For the MLP both loops train the same model with the same optimizer object, in t
 A step is timed from the end of one to the end of the next, the whole loop included: for the
 Trainer, by the per-step hook its loop calls (the profiler's), so logging, the guard's flushes
 and the step boundary all count. Prints the median step of each and their ratio (target
-≤ 1.03 for both models).
+≤ 1.03 for both models). With --loggers the Trainer also logs to TensorBoard and to MLflow (a
+local file: store), as `[log] tensorboard = true` and `mlflow = "file:..."` do.
 
     python benchmarks/overhead.py [--rounds 6] [--steps 25] [--mlp-rounds 100] [--mlp-steps 60]
+                                  [--loggers]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -143,11 +146,21 @@ def alternate(
 # --- the demo GPT ---------------------------------------------------------------------------------
 
 
-def demo_pair(tmp: str, rounds: int, steps: int) -> tuple[list[float], list[float], str]:
+def logger_sections(tmp: str, on: bool) -> dict[str, Any]:
+    """The [log] section of the --loggers variant: both loggers on, MLflow in a file: store."""
+    if not on:
+        return {}
+    return {"log": {"tensorboard": True, "mlflow": Path(tmp, "mlruns").as_uri()}}
+
+
+def demo_pair(
+    tmp: str, rounds: int, steps: int, loggers: bool = False
+) -> tuple[list[float], list[float], str]:
     data = train_dataset()
     precision = resolve_precision("auto", torch.device("cpu"))
     args = DEMO_CONFIG["task"]["model_args"]
     sections = {k: DEMO_CONFIG[k] for k in ("precision", "optimizer") if k in DEMO_CONFIG}
+    sections.update(logger_sections(tmp, loggers))
     opt = DEMO_CONFIG.get("optimizer", {})
     ours: list[float] = []
     plain: list[float] = []
@@ -191,7 +204,9 @@ def mse(output: torch.Tensor, batch: Any) -> torch.Tensor:
     return torch.nn.functional.mse_loss(output, batch[-1])
 
 
-def mlp_pair(tmp: str, rounds: int, steps: int) -> tuple[list[float], list[float], str]:
+def mlp_pair(
+    tmp: str, rounds: int, steps: int, loggers: bool = False
+) -> tuple[list[float], list[float], str]:
     io, _ = MLP_WIDTH
     n = MLP_MICRO * MLP_ACCUM * (steps + 1)
     generator = torch.Generator().manual_seed(0)
@@ -204,6 +219,7 @@ def mlp_pair(tmp: str, rounds: int, steps: int) -> tuple[list[float], list[float
         "optimizer": {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.1},
         "measure": {"peak_tflops": 1.0},  # not measured: the benchmark times the loop only
         "cost": {"usd_per_gpu_hour": 2.0},  # the dollar meter on
+        **logger_sections(tmp, loggers),
     }
     ours: list[float] = []
     plain: list[float] = []
@@ -268,16 +284,20 @@ def main() -> None:
     parser.add_argument("--mlp-rounds", type=int, default=100)
     parser.add_argument("--mlp-steps", type=int, default=60)
     parser.add_argument("--only", choices=("demo", "mlp"), default=None)
+    parser.add_argument(
+        "--loggers", action="store_true", help="the Trainer logs to TensorBoard and MLflow too"
+    )
     args = parser.parse_args()
+    with_loggers = " + TensorBoard + MLflow" if args.loggers else ""
     if not logging.getLogger().handlers:  # quiet runs: fit() prints its summary otherwise
         logging.basicConfig(level=logging.WARNING, format="thrifty: %(message)s")
     with tempfile.TemporaryDirectory() as tmp:
         if args.only in (None, "mlp"):
-            ours, plain, name = mlp_pair(tmp, args.mlp_rounds, args.mlp_steps)
-            report(name, ours, plain, args.mlp_rounds, args.mlp_steps)
+            ours, plain, name = mlp_pair(tmp, args.mlp_rounds, args.mlp_steps, args.loggers)
+            report(name + with_loggers, ours, plain, args.mlp_rounds, args.mlp_steps)
         if args.only in (None, "demo"):
-            ours, plain, name = demo_pair(tmp, args.rounds, args.steps)
-            report(name, ours, plain, args.rounds, args.steps)
+            ours, plain, name = demo_pair(tmp, args.rounds, args.steps, args.loggers)
+            report(name + with_loggers, ours, plain, args.rounds, args.steps)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ COMMAND_MODULES = (
     "thrifty.commands.prices",
     "thrifty.commands.plan",
     "thrifty.commands.tune",
+    "thrifty.commands.report",
+    "thrifty.commands.fleet",
 )
 
 RANK0_GRACE_SECONDS = 5.0

@@ -379,15 +379,25 @@ class DistributedConfig:
     # auto: ddp when launched with more than one process, single otherwise.
     strategy: Literal["auto", "single", "ddp", "fsdp"] = "auto"
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on CUDA, gloo on CPU
-    # How long a collective waits for a rank that does not arrive before the job fails.
+    # How long a collective waits for a rank that does not arrive before the job fails: at
+    # start-up and in the first steps (loading, compiling, the first checkpoint), then, once
+    # the steps are steady, `step_timeout`, so a dead rank does not idle the fleet for long.
     timeout: str | float = "10m"
+    step_timeout: str | float = "2m"
+    steady_after: int = 3  # steps after which `step_timeout` applies
 
     def __post_init__(self) -> None:
         parse_duration(self.timeout, f"{self.SECTION}.timeout")
+        parse_duration(self.step_timeout, f"{self.SECTION}.step_timeout")
+        _positive(self.SECTION, "steady_after", self.steady_after)
 
     @property
     def timeout_seconds(self) -> float:
         return parse_duration(self.timeout, f"{self.SECTION}.timeout")
+
+    @property
+    def step_timeout_seconds(self) -> float:
+        return parse_duration(self.step_timeout, f"{self.SECTION}.step_timeout")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -402,10 +412,30 @@ class MeasureConfig:
     peak_tflops: float | None = None  # the device's peak; default catalog (GPU) or measured (CPU)
     trace: str | None = None  # write a torch.profiler trace of a few steps to this directory
     trace_steps: int = 3
+    # A rank whose step time is this fraction above the median rank's, interval after
+    # interval, is named a straggler (every other rank waits for it at each all-reduce).
+    straggler_threshold: float = 0.15
 
     def __post_init__(self) -> None:
-        for key in ("sample_seconds", "flops_per_step", "peak_tflops", "trace_steps"):
+        for key in (
+            "sample_seconds",
+            "flops_per_step",
+            "peak_tflops",
+            "trace_steps",
+            "straggler_threshold",
+        ):
             _positive(self.SECTION, key, getattr(self, key))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LogConfig:
+    """Where a run's figures go besides the run directory: TensorBoard, MLflow, the report."""
+
+    SECTION: ClassVar[str] = "log"
+    tensorboard: bool = False  # scalars under <run dir>/tensorboard (thrifty[tensorboard])
+    mlflow: str | None = None  # a tracking URI, e.g. "file:./mlruns" (thrifty[mlflow])
+    mlflow_experiment: str = "thrifty"
+    report: bool = True  # write <run dir>/report.html when the run ends or is preempted
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -451,6 +481,7 @@ class TrainConfig:
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
+    log: LogConfig = field(default_factory=LogConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
 
     @classmethod

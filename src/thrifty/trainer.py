@@ -33,7 +33,7 @@ from thrifty.levers.accumulation import (
     window_counts,
 )
 from thrifty.levers.activation_checkpointing import apply_activation_checkpointing
-from thrifty.levers.batching import TrainBatches
+from thrifty.levers.batching import TrainBatches, starting_accumulation
 from thrifty.levers.compile import compile_model
 from thrifty.levers.early_stopping import EarlyStopping
 from thrifty.levers.micro_batch import (
@@ -61,6 +61,7 @@ from thrifty.run.watch import RunWatch
 from thrifty.strategies import make_strategy
 from thrifty.strategies.device import resolve_device
 from thrifty.strategies.process_group import Distributed, check_same_config, init_distributed
+from thrifty.strategies.timeouts import lost_rank_error
 
 __all__ = ["FitResult", "Trainer", "TrainState", "resolve_device"]
 
@@ -132,7 +133,7 @@ class Trainer:
         # The micro-batch until measured (with "auto": one sample, for the FLOP count).
         self.micro = 1 if auto else cfg.batch.fixed_micro
         self.effective_batch = cfg.batch.effective or self.micro * dist.world_size
-        self.accumulation = cfg.batch.accumulation_steps(dist.world_size, self.micro)
+        self.accumulation = starting_accumulation(cfg.batch, dist.world_size, self.micro, auto)
         self.micro_search: MicroSearch | None = None
         self.strategy = make_strategy(dist)
         given = isinstance(optimizer, torch.optim.Optimizer)
@@ -214,11 +215,6 @@ class Trainer:
     ) -> None:
         """batch.micro = "auto": measured, then the accumulation makes up the effective batch."""
         world = self.dist.world_size
-        if self.effective_batch % world:
-            raise ConfigError(
-                f"batch.effective = {self.effective_batch} is invalid: must be a multiple of "
-                f"the world size ({world}) with batch.micro = 'auto'"
-            )
 
         def call(batch: Any) -> torch.Tensor:
             with self.strategy.grad_sync(False), self.precision.autocast():
@@ -292,6 +288,11 @@ class Trainer:
         with console_for_api() as speak:
             try:
                 result = self._fit()
+            except Exception as exc:  # a rank gone: one line and the exit code to resume with
+                lost = lost_rank_error(exc, self.dist, self.checkpointer.newest_step)
+                if lost is None:
+                    raise
+                raise lost from exc
             finally:
                 self.checkpointer.release()
             if speak and self.dist.is_main:
@@ -325,6 +326,7 @@ class Trainer:
         windows = self.batches.windows(s, self.dist) if finished is None else iter(())
         clock = RunClock(s.seconds)
         self.checkpointer.start()
+        self.dist.timeouts.begin(s.step)
         try:
             with maybe_trace(self.config.measure.trace, self.config.measure.trace_steps) as trace:
                 clock.step_start = time.perf_counter()
@@ -348,6 +350,7 @@ class Trainer:
             final = reason not in ("preempted", "diverged", "data_error")
             if final and self.config.checkpoint.final:
                 self.checkpointer.save(final=True)
+            self.dist.timeouts.end(self.dist.rank)  # rank 0 uploads while the others wait
             self.checkpoint_status = self.checkpointer.finish()
             self.dist.barrier()  # no rank leaves while rank 0 still writes the checkpoint
         except BaseException:
@@ -395,6 +398,7 @@ class Trainer:
             samples, tokens = totals or heard[:2]
             preempted, time_up, due = (n > 0 for n in heard[2:])
         s.advance(samples, tokens, seconds, self.accumulation)
+        self.dist.timeouts.step_done(s.step)
         reason = self._boundary(preempted, time_up, due, loss, skipped, monitor, clock)
         monitor.add(
             {

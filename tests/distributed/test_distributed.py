@@ -372,16 +372,6 @@ def test_ranks_started_with_different_configs_are_refused_in_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_resuming_a_ddp_checkpoint_with_another_world_size_is_refused_in_one_line(tmp_path):
-    config = write_config(tmp_path, "ddp", steps=4, every=2, micro=16, effective=64)
-    out = tmp_path / "run"
-    ok(train(config, out, nprocs=2))
-    (out / "summary.json").unlink()
-    line = one_error_line(train(config, out, "--steps", "8"))
-    assert "written by 2 process(es) and this run has 1" in line
-    assert "distributed.strategy = fsdp" in line
-
-
 LEAVES = """
 import sys
 

@@ -166,3 +166,12 @@ def test_unpickling_metadata_refuses_io_tricks(tmp_path):
     path.write_bytes(buffer.getvalue())
     with pytest.raises(UnsafeCheckpointError, match="torch.nn.modules.linear.Linear"):
         read_metadata_safely(str(path))
+
+
+def test_a_rank_killed_outright_whose_survivors_can_resume_ends_the_job_resumable(capsys):
+    # Rank 1 was SIGKILLed (a lost machine); rank 0 found it gone and exited 75 (a checkpoint
+    # exists): run the job again.
+    assert _exit_code({0: 75, 1: -9}, first=1) == 75
+    # Rank 0 had nothing to resume from: the job failed.
+    assert _exit_code({0: 1, 1: -9}, first=1) == 1
+    assert "rank 1 ended with signal 9" in capsys.readouterr().err

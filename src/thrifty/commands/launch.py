@@ -2,8 +2,9 @@
 
 This is what `torchrun --standalone --nproc_per_node N -m thrifty ...` does, plus the exit code
 the job should end with: torchrun turns any failed worker into exit code 1, while a preempted
-job must end with EXIT_PREEMPTED (75) so a scheduler can tell "resume me" from "broken". For
-several nodes, launch with torchrun itself (see docs/distributed.md).
+job must end with EXIT_PREEMPTED (75) so a scheduler can tell "resume me" from "broken". The
+same launcher runs one node of a job on several (`Rendezvous`): the job files `thrifty launch`
+writes start it on every node (see docs/distributed.md).
 
 Two launcher settings decide whether a preempted job keeps its emergency checkpoint. The signals
 the launcher forwards to the workers: torch's default set (SIGTERM, SIGINT, SIGHUP, SIGQUIT)
@@ -37,6 +38,10 @@ _LAUNCHER_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 _GRACE_MARGIN = 30.0
 # Set by the user, it wins over the grace computed from the upload deadline.
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+# Workers of a restarted group must not share the agent's rendezvous store: keys the first
+# group left there (gloo's and NCCL's peer addresses) lead the next one to dead ports, and its
+# process group times out (pytorch/pytorch#135712). "1": a fresh store for every group.
+SEPARATE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 def strip_nprocs(argv: Sequence[str]) -> list[str]:
@@ -90,20 +95,49 @@ def _shutdown_settings(
     return settings
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Rendezvous:
+    """Where the nodes of one job meet (torch's c10d rendezvous), and how often torch's agent
+    restarts the node's worker group after a failure before the job fails.
+
+    `endpoint` is HOST:PORT on the first node (port 0: a free one, one node only); `run_id`
+    names the job, the same on every node (None: a new one, one node only).
+    """
+
+    nodes: int = 1
+    endpoint: str = "localhost:0"
+    run_id: str | None = None
+    max_restarts: int = 0
+
+    def __post_init__(self) -> None:
+        for name, low in (("nodes", 1), ("max_restarts", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name} = {value!r} is invalid: give a whole number >= {low}")
+        if self.nodes > 1 and (self.run_id is None or self.endpoint.endswith(":0")):
+            raise ConfigError(
+                f"a job on {self.nodes} nodes needs a rendezvous: give the first node's "
+                "HOST:PORT and a job id, the same on every node"
+            )
+
+
 def launch(
     nprocs: int,
     argv: Sequence[str],
     *,
     signals: Sequence[str] = DEFAULT_SIGNALS,
     upload_deadline: float = 90.0,
+    rendezvous: Rendezvous | None = None,
 ) -> int:
     """Run `python -m thrifty ARGV` in `nprocs` processes; returns the job's exit code.
 
     `signals`: the ones the workers watch (`spot.signals`), which the launcher forwards to
     them; `upload_deadline`: seconds an emergency save may upload
     (`checkpoint.upload_deadline`), which the launcher waits for, plus a margin, before it
-    kills workers it told to stop.
+    kills workers it told to stop. `rendezvous`: this node's part in a job on several nodes,
+    or restarts of the worker group (default: one node, no restart).
     """
+    meet = rendezvous or Rendezvous()
     if isinstance(nprocs, bool) or nprocs < 1:
         raise ConfigError(f"--nprocs {nprocs} is invalid: give the number of processes, 1 or more")
     if "RANK" in os.environ:
@@ -118,14 +152,15 @@ def launch(
     # one line below, and rank 0 has already printed the reason.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nprocs)))
+    os.environ.setdefault(SEPARATE_STORE_ENV, "1")
     config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+        min_nodes=meet.nodes,
+        max_nodes=meet.nodes,
         nproc_per_node=nprocs,
-        run_id=str(uuid.uuid4()),
+        run_id=meet.run_id or str(uuid.uuid4()),
         rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",  # a free port, like torchrun --standalone
-        max_restarts=0,
+        rdzv_endpoint=meet.endpoint,  # port 0: a free one, like torchrun --standalone
+        max_restarts=meet.max_restarts,
         monitor_interval=0.1,
         **_shutdown_settings(
             {f.name for f in dataclasses.fields(LaunchConfig)}, signals, upload_deadline
@@ -158,6 +193,11 @@ def _exit_code(codes: dict[int, int], first: int) -> int:
     # The launcher stops the other ranks once one has exited; what that one says is the
     # job's outcome. Ranks leave a preempted run only after rank 0's emergency checkpoint.
     if code == EXIT_PREEMPTED or all(c == EXIT_PREEMPTED for c in failed.values()):
+        return EXIT_PREEMPTED
+    # A rank killed outright (the OOM killer, a lost machine) whose every survivor found a
+    # checkpoint to resume from (they exited 75): the job is to run again.
+    rest = [c for r, c in failed.items() if r != rank]
+    if code < 0 and rest and all(c == EXIT_PREEMPTED for c in rest):
         return EXIT_PREEMPTED
     if code == EXIT_USAGE or any(c == EXIT_USAGE for c in failed.values()):
         return EXIT_USAGE  # rank 0 printed the one line

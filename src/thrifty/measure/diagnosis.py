@@ -26,6 +26,10 @@ The rules, in order (the first that holds wins):
    `compute_bound`, and the evidence says that compute- and memory-bound could not be told
    apart.
 
+With several ranks, a straggler (`thrifty.measure.stragglers`: one rank slower than the others
+at its own work, interval after interval, by more than `measure.straggler_threshold`) is named
+beside the bottleneck, with what the other ranks' wait for it costs.
+
 Recommendations (`thrifty.measure.recommendations`) are ordered data → memory → compute.
 
 Units: seconds per optimizer step (means over the measured steps), bytes, FLOPs per step.
@@ -100,6 +104,9 @@ class Diagnosis:
             if fetch is not None:  # JSON object keys are strings
                 measured["fetch_seconds_per_batch"] = {str(k): v for k, v in fetch.items()}
             out["measured"] = measured
+            if self.measured.rank_work_seconds is not None:  # several ranks were compared
+                straggler = self.measured.straggler
+                out["straggler"] = asdict(straggler) if straggler is not None else None
         return out
 
 
@@ -230,4 +237,27 @@ def _facts(e: Evidence, shares: dict[str, float]) -> list[str]:
         if label == "GPU" and std is not None and std >= SWING_STD_PERCENT:
             fact += ": it swings, the signature of a starved loader"
         facts.append(fact)
+    return facts + _rank_facts(e)
+
+
+def _rank_facts(e: Evidence) -> list[str]:
+    """Each rank's own work per step and, when one holds the others up, the straggler."""
+    if e.rank_work_seconds is None:
+        return []
+    facts = [
+        "own work per step, in rank order (what each rank does outside its waits for the "
+        "others): " + ", ".join(_ms(s) for s in e.rank_work_seconds)
+    ]
+    s = e.straggler
+    if s is not None:
+        others = s.ranks - 1
+        cost = f" (${s.usd:,.4f})" if s.usd is not None else ""
+        facts.append(
+            f"rank {s.rank} is a straggler: its own work takes {_ms(s.lag_seconds)} more per "
+            f"step than the other ranks' median, which makes every step {_pct(s.lag)} longer "
+            f"than theirs (threshold {_pct(s.threshold)}), and it was the slowest in "
+            f"{s.slowest_intervals} of {s.intervals} logging intervals; the other {others} "
+            f"rank{'s' if others != 1 else ''} waited {s.idle_gpu_seconds:,.1f} GPU-seconds "
+            f"for it over {s.steps} steps{cost}"
+        )
     return facts

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from thrifty.errors import ThriftyError
+from thrifty.measure.stragglers import Straggler
 
 PHASES = ("data_wait", "host_to_device", "forward", "backward", "optimizer", "checkpoint", "other")
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
@@ -64,6 +65,9 @@ class Evidence:
     gpu_util_std: float | None = None
     cpu_util_mean: float | None = None  # percent of all CPUs
     cpu_util_std: float | None = None
+    # Several ranks: each rank's own work per step (thrifty.measure.stragglers), rank order.
+    rank_work_seconds: tuple[float, ...] | None = None
+    straggler: Straggler | None = None  # the rank the others waited for, if one was
 
     def __post_init__(self) -> None:
         if self.steps < 1 or not self.step_seconds > 0:

@@ -63,23 +63,39 @@ class _OpCounter(TorchDispatchMode):
 
 
 class _SavedBytes:
-    """Adds up the storage of tensors autograd saves for backward, each storage once."""
+    """Adds up the storage of tensors autograd saves for backward, each storage once.
+
+    Each saved tensor is handed to autograd in a box that `release()` empties. A hook that
+    gave autograd the tensor itself would tie an op's saved output to the graph node that made
+    it (node → tensor → grad_fn → node), a cycle through C++ that Python's collector cannot
+    see: when the step fails before its backward (out of memory), the whole forward's
+    activations would stay allocated for the rest of the process."""
 
     def __init__(self) -> None:
         self.storages: dict[int, int] = {}
+        self._boxes: list[list[torch.Tensor]] = []
 
-    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+    def pack(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         base = tensor._base if tensor._base is not None else tensor
         # A parameter (or a view of one, like the transposed weight a Linear saves) is held
         # by the model anyway: it is not activation memory.
         if not (base.is_leaf and base.requires_grad):
             storage = tensor.untyped_storage()
             self.storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
+        box = [tensor]
+        self._boxes.append(box)
+        return box
 
     @staticmethod
-    def unpack(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
+    def unpack(box: list[torch.Tensor]) -> torch.Tensor:
+        return box[0]
+
+    def release(self) -> None:
+        """Drop every saved tensor: after a step that failed. A count of a forward alone keeps
+        them for the backward its caller runs next (and counts apart), which frees them."""
+        for box in self._boxes:
+            box.clear()
+        self._boxes.clear()
 
     @property
     def total(self) -> int:
@@ -121,9 +137,13 @@ def count_flops(fn: Callable[[], Any]) -> FlopCount:
     saved = _SavedBytes()
     counter = _OpCounter()
     flop_mode = FlopCounterMode(display=False, custom_mapping=_extra_formulas())
-    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
-        with flop_mode, counter:
-            fn()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+            with flop_mode, counter:
+                fn()
+    except BaseException:
+        saved.release()  # a forward whose backward will never run: free what it saved
+        raise
     return FlopCount(float(flop_mode.get_total_flops()), counter.ops, saved.total)
 
 

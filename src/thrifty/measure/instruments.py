@@ -22,6 +22,7 @@ from thrifty.levers.precision import Precision, native_bf16
 from thrifty.measure.cost import LostWork
 from thrifty.measure.monitor import RunMonitor
 from thrifty.measure.progress import ProgressBar
+from thrifty.measure.stragglers import gather_ranks
 from thrifty.measure.timing import make_timer, measure_flops
 from thrifty.run.budget import Budget
 from thrifty.run.directory import MetricsLog
@@ -43,22 +44,33 @@ def count_step_flops(
 ) -> Any:
     """FLOPs and aten ops of one micro-batch's forward and backward, measured once on a real
     micro-batch of `micro` samples; None when the breakdown is off or the model cannot be
-    traced."""
+    traced. A micro-batch too large for the device (the training will halve it) is counted
+    on one sample and scaled: FLOPs and activations grow with the samples."""
     if not config.measure.breakdown:
         return None
     from torch.utils.data import DataLoader, default_collate
 
+    from thrifty.levers.micro_batch import free_memory, scaled_count
     from thrifty.levers.sources import first_samples
 
     collate = collate_fn or (data.collate_fn if isinstance(data, DataLoader) else default_collate)
-    batch = to_device(collate(first_samples(data, micro)), device)
 
     def call(m: nn.Module, b: Any) -> torch.Tensor:
         with precision.autocast():
             return call_model(m, b, loss_fn)
 
-    try:
+    def count(samples: int) -> Any:
+        batch = to_device(collate(first_samples(data, samples)), device)
         return measure_flops(model, batch, call, device=device)
+
+    try:
+        try:
+            return count(micro)
+        except torch.OutOfMemoryError:
+            if micro == 1:
+                raise
+        free_memory(device)  # out of the handler: the failed count's tensors are gone
+        return scaled_count(count(1), micro)
     except ThriftyError:
         raise
     except Exception as exc:  # a model the FLOP counter cannot trace: MFU is then unknown
@@ -93,7 +105,8 @@ def build_monitor(
     progress: TrainState,
     lost: LostWork,
 ) -> RunMonitor:
-    """The run's monitor: GPU sensors and the dollar meter on rank 0 only."""
+    """The run's monitor: GPU sensors and the dollar meter on rank 0 only; with several ranks,
+    each flush gathers every rank's losses and own work (the straggler figures)."""
     flops = config.measure.flops_per_step or step_flops
     peak = find_peak(config, device, precision) if flops else None
     if peak is not None:
@@ -112,17 +125,26 @@ def build_monitor(
 
         cost = CostMeter.from_config(config.cost, world_size=dist.world_size)
         cost.add_wasted(lost)
+    # Several ranks: the flush's one collective gathers losses and each rank's own work.
+    gather = functools.partial(gather_ranks, world_size=dist.world_size) if dist.enabled else None
     return RunMonitor(
         metrics if metrics is not None else MetricsLog(os.devnull),
         ProgressBar(config.run.max_steps, config.run.progress if dist.is_main else "off"),
-        make_timer(config.measure.breakdown, device),
+        make_timer(
+            config.measure.breakdown,
+            device,
+            waited=(lambda: dist.agreed_seconds) if dist.enabled else None,
+        ),
         exclude_steps=3 if config.compile.mode != "off" else 1,
         flops_per_step=flops,
         peak=peak,
         sampler=sampler,
         cost=cost,
         budget_fraction=functools.partial(budget.fraction_done, progress),
-        reduce=dist.mean_ if dist.enabled else None,
+        gather=gather,
+        # FSDP's forward all-gathers parameters, waiting on the other ranks: not own work.
+        work_phases=() if dist.strategy == "fsdp" else ("forward",),
+        straggler_threshold=config.measure.straggler_threshold,
     )
 
 

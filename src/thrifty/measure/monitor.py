@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ import torch
 from thrifty.measure.evidence import PHASES
 from thrifty.measure.peak import Peak
 from thrifty.measure.progress import ProgressBar
+from thrifty.measure.stragglers import RankSeconds, find_straggler, interval_record
 from thrifty.measure.timing import NullTimer
 from thrifty.run.directory import MetricsLog
 
@@ -77,9 +79,16 @@ class RunMonitor:
         sampler: Any = None,
         cost: Any = None,
         budget_fraction: Any = None,
-        reduce: Any = None,  # averages a tensor over the ranks in place (several processes)
+        gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        work_phases: tuple[str, ...] = ("forward",),
+        straggler_threshold: float = 0.15,
     ) -> None:
-        self.reduce = reduce
+        # Several ranks: `gather` returns every rank's 1-d tensor as rows, in rank order;
+        # `work_phases` are the phases in which a rank waits for no other (stragglers.py).
+        self.gather = gather
+        self.work_phases = work_phases
+        self.straggler_threshold = straggler_threshold
+        self.rank_intervals: list[RankSeconds] = []
         self.metrics = metrics
         self.progress = progress
         self.timer = timer
@@ -149,29 +158,80 @@ class RunMonitor:
         self.pending.append(record)
 
     def flush(self, elapsed_seconds: float, samples: int, tokens: int) -> list[dict[str, Any]]:
-        """Write the buffered steps: one host sync for the whole interval. Returns the steps'
-        records, their tensors read (`skipped`: the guard left the step out)."""
+        """Write the buffered steps: one host sync for the whole interval (and, with several
+        ranks, one collective). Returns the steps' records, their tensors read (`skipped`: the
+        guard left the step out)."""
         if not self.pending:
             return []
         pending, self.pending = self.pending, []
-        losses_t = torch.stack([_float(r["loss"]) for r in pending])
-        if self.reduce is not None:  # every rank's loss, averaged: one collective per flush
-            self.reduce(losses_t)
-        norms_t = [_float(r["grad_norm"]) for r in pending if r["grad_norm"] is not None]
-        skips_t = [_float(s) for r in pending if isinstance(s := r.get("skipped"), torch.Tensor)]
-        # This is a CPU-GPU sync point: every step of the interval has finished on the device.
-        read = norms_t + skips_t
-        values = (torch.cat([losses_t, torch.stack(read)]) if read else losses_t).tolist()
         raws = [r.pop("_phases") for r in pending]
         phases = [self.timer.resolve(raw) for raw in raws]
+        measured = self._measured(phases)
+        ranks = self._read(pending, raws, phases, measured)
         weights = [
             sum(p.values()) if p is not None else r["step_seconds"]
             for p, r in zip(phases, pending, strict=True)
         ]
         interval = self._interval_seconds(weights)
         seconds = _apportion(interval, weights)
-        losses, rest = values[: len(pending)], iter(values[len(pending) :])
-        for record, loss in zip(pending, losses, strict=True):
+        for i, record in enumerate(pending):
+            record["step_seconds"] = seconds[i]
+            self.meter.add(seconds[i], record.pop("samples_in_step"), record.pop("tokens_in_step"))
+            phase = phases[i]
+            if phase is not None:
+                record["breakdown"] = _fit_to_step(phase, seconds[i])
+                self._count(record["breakdown"], self.timer.busy(raws[i]), seconds[i])
+        last = pending[-1]
+        if ranks is not None:
+            step = sum(seconds[i] for i in measured) / len(measured)
+            figures = RankSeconds(len(measured), step, *ranks)
+            self.rank_intervals.append(figures)
+            last.update(interval_record(figures))
+        if self.flops_per_step and self.peak and interval > 0:
+            last["mfu"] = self.flops_per_step * len(pending) / interval / self.peak.flops_per_second
+        if self.sampler is not None:
+            system = self.sampler.summary_and_reset()
+            if system:
+                last["system"] = system
+                self.system.append(system)
+        usd_text = self._cost(last, elapsed_seconds, samples, tokens)
+        self.metrics.write(pending)
+        self.train_loss = last["loss"]
+        self.progress.update(
+            last["step"],
+            last["loss"],
+            self.meter.tokens_per_second,
+            self.meter.samples_per_second,
+            usd_text,
+        )
+        return pending
+
+    def _read(
+        self, pending: list[dict[str, Any]], raws: list[Any], phases: list[Any], measured: list[int]
+    ) -> tuple[tuple[float, ...], tuple[float, ...] | None] | None:
+        """Read the interval's tensors into its records with one host sync: losses (averaged
+        over the ranks), gradient norms, the guard's verdicts. With several ranks the losses
+        travel with this rank's seconds in one all-gather, and every rank's seconds per step
+        come back: work and fetch (None with one rank, or when no step was measured)."""
+        losses_t = torch.stack([_float(r["loss"]) for r in pending])
+        n = len(pending)
+        mine = self._own_seconds([raws[i] for i in measured], [phases[i] for i in measured])
+        ranks_t = None
+        if self.gather is not None:  # one collective per flush, carrying losses and seconds
+            own = torch.tensor([mine[0], mine[1] or 0.0], device=losses_t.device)
+            rows = self.gather(torch.cat([losses_t, own]))
+            # The mean of the ranks' losses, summed in rank order: as an all-reduce's mean.
+            losses_t, ranks_t = rows[:, :n].sum(0) / rows.shape[0], rows[:, n:].flatten()
+        norms_t = [_float(r["grad_norm"]) for r in pending if r["grad_norm"] is not None]
+        skips_t = [_float(s) for r in pending if isinstance(s := r.get("skipped"), torch.Tensor)]
+        read = norms_t + skips_t
+        parts = [losses_t, *([torch.stack(read)] if read else [])]
+        if ranks_t is not None:
+            parts.append(ranks_t)
+        # This is a CPU-GPU sync point: every step of the interval has finished on the device.
+        values = torch.cat(parts).tolist()
+        rest = iter(values[n:])
+        for record, loss in zip(pending, values[:n], strict=True):
             record["loss"] = loss
             if record["grad_norm"] is not None:
                 record["grad_norm"] = next(rest)
@@ -182,39 +242,45 @@ class RunMonitor:
                     record["skipped"] = True
                 else:
                     del record["skipped"]
-        for i, record in enumerate(pending):
-            record["step_seconds"] = seconds[i]
-            self.meter.add(seconds[i], record.pop("samples_in_step"), record.pop("tokens_in_step"))
-            phase = phases[i]
-            if phase is not None:
-                record["breakdown"] = _fit_to_step(phase, seconds[i])
-                self._count(record["breakdown"], self.timer.busy(raws[i]), seconds[i])
-        last = pending[-1]
-        if self.flops_per_step and self.peak and interval > 0:
-            last["mfu"] = self.flops_per_step * len(pending) / interval / self.peak.flops_per_second
-        if self.sampler is not None:
-            system = self.sampler.summary_and_reset()
-            if system:
-                last["system"] = system
-                self.system.append(system)
-        usd_text = ""
-        if self.cost is not None:
-            snap = self.cost.update(elapsed_seconds, tokens, samples)
-            last["cost"] = snap.to_dict()
-            fraction = self.budget_fraction() if self.budget_fraction else None
-            if fraction:
-                last["cost"]["projected"] = self.cost.project(fraction).to_dict()
-            usd_text = snap.describe()
-        self.metrics.write(pending)
-        self.train_loss = losses[-1]
-        self.progress.update(
-            last["step"],
-            losses[-1],
-            self.meter.tokens_per_second,
-            self.meter.samples_per_second,
-            usd_text,
-        )
-        return pending
+        compared = self.work_phases or mine[1] is not None  # FSDP compares the fetch alone
+        if ranks_t is None or not measured or not compared:
+            return None
+        figures = list(rest)
+        work, data = tuple(figures[0::2]), tuple(figures[1::2])
+        return work, data if mine[1] is not None else None
+
+    def _measured(self, phases: list[Any]) -> list[int]:
+        """The steps of the interval whose phases were measured, the warm-up left out."""
+        timed = [i for i, phase in enumerate(phases) if phase is not None]
+        return timed[self._skip :]
+
+    def _own_seconds(
+        self, raws: list[Any], phases: list[dict[str, float]]
+    ) -> tuple[float, float | None]:
+        """This rank's own work per step over the measured steps (`raws`, `phases`), as
+        `thrifty.measure.stragglers` compares it: (work seconds, fetch seconds or None where
+        the fetch is not measured); zeros when no step was measured."""
+        if not raws:
+            return 0.0, None
+        work, fetched, measured_fetch = 0.0, 0.0, True
+        for raw, phase in zip(raws, phases, strict=True):
+            fetch = self.timer.fetch(raw)
+            measured_fetch = measured_fetch and fetch is not None
+            work += sum(phase[p] for p in self.work_phases) + (fetch or 0.0)
+            fetched += fetch or 0.0
+        n = len(raws)
+        return work / n, fetched / n if measured_fetch else None
+
+    def _cost(self, last: dict[str, Any], elapsed: float, samples: int, tokens: int) -> str:
+        """The dollar meter's figures on the interval's last record; its progress-bar text."""
+        if self.cost is None:
+            return ""
+        snap = self.cost.update(elapsed, tokens, samples)
+        last["cost"] = snap.to_dict()
+        fraction = self.budget_fraction() if self.budget_fraction else None
+        if fraction:
+            last["cost"]["projected"] = self.cost.project(fraction).to_dict()
+        return str(snap.describe())
 
     def _count(
         self, phases: dict[str, float], busy: dict[str, float] | None, seconds: float
@@ -275,9 +341,26 @@ class RunMonitor:
             gpu_util_std=system.get("gpu_util_percent_std"),
             cpu_util_mean=system.get("cpu_percent_mean"),
             cpu_util_std=system.get("cpu_percent_std"),
+            rank_work_seconds=self._rank_means(),
+            straggler=self.straggler(),
             **context,
         )
         return diagnose(evidence)
+
+    def _rank_means(self) -> tuple[float, ...] | None:
+        """Each rank's own work per measured step over the run (several ranks), or None."""
+        intervals = self.rank_intervals
+        steps = sum(i.steps for i in intervals)
+        if not steps:
+            return None
+        ranks = range(len(intervals[0].work))
+        return tuple(sum(i.work[r] * i.steps for i in intervals) / steps for r in ranks)
+
+    def straggler(self) -> Any:
+        """The rank the others waited for over the run so far (`stragglers.Straggler`), priced
+        at the run's cost per GPU-hour where it has one; None when there is none."""
+        price = self.cost.usd_per_hour / self.cost.gpus if self.cost is not None else None
+        return find_straggler(self.rank_intervals, self.straggler_threshold, price)
 
     def close(self) -> None:
         if self.sampler is not None:

@@ -15,6 +15,9 @@ as data. When each applies:
 - compute: fp32 matmuls on hardware with native bf16 → bf16 (fp16 on a GPU without bf16);
   overhead-bound → compile (reduce-overhead when already compiled), fewer host syncs when the
   loop itself is the overhead; compute-bound → the levers left are FLOPs and price.
+- a straggler (several ranks) comes first of its area: data when its lag is mostly fetching
+  (more loader workers on that node, its storage and CPU load), compute otherwise (that node's
+  accelerator: clocks, temperature, throttling, other processes; or replace the instance).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def recommend(
 ) -> list[Recommendation]:
     """The recommendations that apply, ordered data → memory → compute."""
     candidates = (
+        _straggler(e),
         _more_workers(e, shares),
         _pinned_copies(e, shares),
         _checkpoint_stalls(e, shares),
@@ -73,6 +77,42 @@ def recommend(
     )
     found = [r for r in candidates if r is not None]
     return sorted(found, key=lambda r: _AREA_ORDER[r.area])  # stable within an area
+
+
+def _straggler(e: Evidence) -> Recommendation | None:
+    s = e.straggler
+    if s is None:
+        return None
+    lag = (
+        f"rank {s.rank} is {_ms(s.lag_seconds)} slower per step at its own work, every step "
+        f"{_pct(s.lag)} longer for it"
+    )
+    saved = s.lag_seconds / e.step_seconds
+    cost = f" (${s.usd:,.4f} so far)" if s.usd is not None else ""
+    expected = (
+        f"every rank's step ~{_ms(s.lag_seconds)} shorter (~{_pct(saved)} of step time), and "
+        f"the {s.idle_gpu_seconds:,.1f} GPU-seconds{cost} the others spent waiting back"
+    )
+    if s.data_bound:
+        return Recommendation(
+            f"{lag}, {_ms(s.data_lag_seconds or 0.0)} of it fetching data: give that node's "
+            "loader more workers (data.num_workers), check its storage or network reads and "
+            "what else loads its CPUs",
+            expected,
+            "data",
+        )
+    where = (
+        "in its forward"
+        if s.data_lag_seconds is None
+        else f"mostly outside fetching data ({_ms(max(0.0, s.data_lag_seconds))} of it)"
+    )
+    return Recommendation(
+        f"{lag}, {where}: check that node's accelerator (nvidia-smi -q: clocks, "
+        "temperature and throttle reasons, ECC errors, other processes on it) and its host's "
+        "load, or replace the instance",
+        expected,
+        "compute",
+    )
 
 
 def _more_workers(e: Evidence, shares: dict[str, float]) -> Recommendation | None:

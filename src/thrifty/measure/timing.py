@@ -6,6 +6,13 @@ read (two marks a step also read the process's CPU time). On CUDA it records an 
 (no host sync); the events are resolved when the metrics are flushed, which already syncs once
 per logging interval. Each timer also owns the wall clock the monitor measures intervals with
 and the device synchronization it uses outside the hot path (`sync()`).
+
+Given `waited` (the running total of seconds this rank has spent blocked in host-side
+agreements with the other ranks), a timer also measures each step's *fetch*: host seconds from
+the step's start to its batches in hand, less the agreement waits in between. The data-wait
+phase holds the agreement that ends every window's fetch, where a fast rank waits for a slow
+one's loader; the fetch leaves that out, so it is this rank's own (see
+`thrifty.measure.stragglers`). Two clock reads and two `waited()` calls a step.
 """
 
 from __future__ import annotations
@@ -25,6 +32,23 @@ log = logging.getLogger("thrifty")
 Clock = Callable[[], float]  # seconds, monotonic
 # Between the data_wait and optimizer marks: what CpuTimer measures the CPU time of.
 HELD_PHASES = ("host_to_device", "forward", "backward", "optimizer")
+
+
+class FetchClock:
+    """Host seconds from a step's start to its batches in hand, less the seconds spent blocked
+    in host-side agreements meanwhile. `waited`: their running total, in seconds."""
+
+    def __init__(self, clock: Clock, waited: Clock) -> None:
+        self.clock = clock
+        self.waited = waited
+        self._from = (0.0, 0.0)
+
+    def start(self) -> None:
+        self._from = (self.clock(), self.waited())
+
+    def stop(self) -> float:
+        wall, waited = self.clock() - self._from[0], self.waited() - self._from[1]
+        return max(0.0, wall - waited)
 
 
 class NullTimer:
@@ -67,6 +91,11 @@ class NullTimer:
         """Seconds per phase this process held the CPU, or None where that is not measured."""
         return None
 
+    def fetch(self, raw: Any) -> float | None:
+        """Host seconds the step spent fetching its data, agreement waits left out; None where
+        that is not measured (no `waited` given, or the breakdown off)."""
+        return None
+
 
 class CpuTimer(NullTimer):
     """Wall-clock seconds per phase (CPU work is synchronous: the clock is the truth), and the
@@ -84,22 +113,27 @@ class CpuTimer(NullTimer):
         clock: Clock = time.perf_counter,
         cpu_clock: Clock = time.process_time,
         threads: int | None = None,
+        waited: Clock | None = None,
     ) -> None:
         super().__init__(torch.device("cpu"), clock)
         self.cpu_clock = cpu_clock
         self.threads = threads or torch.get_num_threads()
+        self._fetch_clock = FetchClock(clock, waited) if waited is not None else None
         self._phases = dict.fromkeys(PHASES, 0.0)
         self._last = 0.0
         self._cpu_from: float | None = None
         self._cpu_span: float | None = None
+        self._fetch: float | None = None
 
     def sync(self) -> None:
         return None
 
     def start(self) -> None:
         self._phases = dict.fromkeys(PHASES, 0.0)
-        self._cpu_from = self._cpu_span = None
+        self._cpu_from = self._cpu_span = self._fetch = None
         self._last = self.clock()
+        if self._fetch_clock is not None:
+            self._fetch_clock.start()
 
     def mark(self, phase: str) -> None:
         now = self.clock()
@@ -107,20 +141,27 @@ class CpuTimer(NullTimer):
         self._last = now
         if phase == "data_wait":
             self._cpu_from = self.cpu_clock()
+            if self._fetch_clock is not None:
+                self._fetch = self._fetch_clock.stop()
         elif phase == "optimizer" and self._cpu_from is not None:
             self._cpu_span = self.cpu_clock() - self._cpu_from
 
     def add(self, phase: str, seconds: float) -> None:
         self._phases[phase] += seconds
 
-    def finish(self) -> tuple[dict[str, float], float | None]:
-        return self._phases, self._cpu_span
+    def finish(self) -> tuple[dict[str, float], float | None, float | None]:
+        return self._phases, self._cpu_span, self._fetch
 
-    def resolve(self, raw: tuple[dict[str, float], float | None]) -> dict[str, float]:
+    def resolve(self, raw: tuple[dict[str, float], float | None, float | None]) -> dict[str, float]:
         return dict(raw[0])
 
-    def busy(self, raw: tuple[dict[str, float], float | None]) -> dict[str, float] | None:
-        wall, cpu = raw
+    def fetch(self, raw: tuple[dict[str, float], float | None, float | None]) -> float | None:
+        return raw[2]
+
+    def busy(
+        self, raw: tuple[dict[str, float], float | None, float | None]
+    ) -> dict[str, float] | None:
+        wall, cpu, _ = raw
         span = sum(wall[p] for p in HELD_PHASES)
         if cpu is None or span <= 0:
             return None
@@ -134,8 +175,11 @@ class CudaTimer(NullTimer):
 
     device_timed = True
 
-    def __init__(self, device: torch.device, clock: Clock = time.perf_counter) -> None:
+    def __init__(
+        self, device: torch.device, clock: Clock = time.perf_counter, waited: Clock | None = None
+    ) -> None:
         super().__init__(device, clock)
+        self._fetch_clock = FetchClock(clock, waited) if waited is not None else None
         self._stream: Any = None
         self._marks: list[tuple[str, Any]] = []
         self._extra = dict.fromkeys(PHASES, 0.0)
@@ -150,33 +194,48 @@ class CudaTimer(NullTimer):
         self._stream = torch.cuda.current_stream(self.device)
         self._marks = [("start", self._event())]
         self._extra = dict.fromkeys(PHASES, 0.0)
+        if self._fetch_clock is not None:
+            self._fetch_clock.start()
 
     def mark(self, phase: str) -> None:
         self._marks.append((phase, self._event()))
+        if phase == "data_wait" and self._fetch_clock is not None:
+            # Host time, beside the phases: the loader runs on the host.
+            self._extra["fetch"] = self._fetch_clock.stop()
 
     def add(self, phase: str, seconds: float) -> None:
         self._extra[phase] += seconds  # host-side time measured by the caller (a save's stall)
 
     def finish(self) -> tuple[list[tuple[str, Any]], dict[str, float]]:
+        """The step's events, and host-side seconds: per phase, and the fetch when measured."""
         return self._marks, self._extra
 
     def resolve(self, raw: tuple[list[tuple[str, Any]], dict[str, float]]) -> dict[str, float]:
         marks, extra = raw
-        phases = dict(extra)
+        phases = {p: extra[p] for p in PHASES}
         marks[-1][1].synchronize()  # already complete after the flush's sync: no wait
         for (_, before), (phase, after) in zip(marks, marks[1:], strict=False):
             phases[phase] += before.elapsed_time(after) / 1e3
         return phases
 
+    def fetch(self, raw: tuple[list[tuple[str, Any]], dict[str, float]]) -> float | None:
+        return raw[1].get("fetch")
 
-def make_timer(enabled: bool, device: torch.device, clock: Clock = time.perf_counter) -> NullTimer:
+
+def make_timer(
+    enabled: bool,
+    device: torch.device,
+    clock: Clock = time.perf_counter,
+    waited: Clock | None = None,
+) -> NullTimer:
     """The timer for `device`: CUDA events on a GPU, clocks on a CPU, marks that cost nothing
-    when `enabled` is False. `clock` (seconds) is the wall clock intervals are measured with."""
+    when `enabled` is False. `clock` (seconds) is the wall clock intervals are measured with;
+    `waited` (seconds blocked in host-side agreements so far) turns on the fetch figure."""
     if not enabled:
         return NullTimer(device, clock)
     if device.type == "cuda":
-        return CudaTimer(device, clock)
-    return CpuTimer(clock)
+        return CudaTimer(device, clock, waited)
+    return CpuTimer(clock, waited=waited)
 
 
 def measure_flops(

@@ -45,6 +45,7 @@ from thrifty.run.rng import rng_state, seed_everything, set_rng_state
 from thrifty.run.saves import SpotGuard
 from thrifty.run.state import TrainState
 from thrifty.strategies.base import Strategy, shapes
+from thrifty.strategies.elastic import check_effective_kept
 from thrifty.strategies.process_group import Distributed
 
 log = logging.getLogger("thrifty")
@@ -99,6 +100,9 @@ class RunCheckpointer:
         self.metrics: MetricsLog | None = None  # rank 0's, once the run is open
         self.lost = LostWork()  # steps a preemption threw away before this attempt
         self.resume_changes = ResumeChanges()  # set on resume: what differs from the checkpoint
+        # The step of the newest checkpoint this run has (resumed from, or saved): what a rank
+        # that lost another can tell its launcher to resume from. None: none yet.
+        self.newest_step: int | None = None
         self._lock: RunLock | None = None
 
     # --- opening the run -----------------------------------------------------------------------
@@ -183,6 +187,12 @@ class RunCheckpointer:
         checkpoint once all shards are on disk. No state that is not finite is written: the
         newest checkpoint stays the last good one."""
         start = time.perf_counter()
+        self._save(emergency, final)
+        d = self.dist
+        d.timeouts.wait_for_main(d.rank, d.barrier)  # the others wait while rank 0 writes
+        return time.perf_counter() - start
+
+    def _save(self, emergency: bool, final: bool) -> None:
         saves, d, p = self._saves, self.dist, self.parts
         step, metric = self.progress.step, self.progress.val_loss
         if self.config.guard.enabled and d.any_of(not state_is_finite(p.model, p.optimizer))[0]:
@@ -191,7 +201,7 @@ class RunCheckpointer:
                 "newest checkpoint is the last good one",
                 step,
             )
-            return time.perf_counter() - start
+            return
         shard_start = time.perf_counter()
         files, sharded = self.strategy.write_shards(
             p.model, p.optimizer, lambda: saves.manager.begin(step)
@@ -199,9 +209,10 @@ class RunCheckpointer:
         shard_seconds = time.perf_counter() - shard_start if files else 0.0
         rngs = d.gather(rng_state()) if d.enabled else None
         datas = d.gather(self._data_state()) if d.enabled else None
+        self.newest_step = step
         if not d.is_main:
             saves.saved(step)
-            return time.perf_counter() - start
+            return
         state = self.state_dict()
         if rngs is not None:
             state["rank_rng"] = rngs
@@ -216,7 +227,6 @@ class RunCheckpointer:
             saves.save_final(step, state, metric, files)
         else:
             saves.save(step, state, metric, files, shard_seconds)
-        return time.perf_counter() - start
 
     def finish(self) -> dict[str, Any] | None:
         """Wait for the saves in flight (and uploads, up to their deadline); where the newest
@@ -301,6 +311,7 @@ class RunCheckpointer:
                 "yourself with model.load_state_dict"
             )
         self.strategy.check_resumable(state)
+        check_effective_kept(state, layout.effective_batch, d.world_size, self.config.batch)
         # Refused even with run.allow_config_change: the data position cannot follow another
         # effective batch. Checked first, so its message is the one the user sees.
         check_compatible({}, {}, state["effective_batch"], layout.effective_batch)
@@ -330,8 +341,9 @@ class RunCheckpointer:
         if "guard" in state:  # checkpoints before the guard have none
             p.guard.load_state_dict(state["guard"])
         self.progress.load_state_dict(state["progress"])
+        self.newest_step = self.progress.step
         saved_accumulation = state.get("accumulation", layout.accumulation)
-        if saved_accumulation != layout.accumulation:  # FSDP resharded: same windows, new split
+        if saved_accumulation != layout.accumulation:  # another world size: same windows
             windows = self.progress.batch_in_epoch // saved_accumulation
             self.progress.batch_in_epoch = windows * layout.accumulation
         self._load_data_state(state)
@@ -348,7 +360,7 @@ class RunCheckpointer:
         rngs = state.get("rank_rng") or [state["rng"]]
         if d.rank < len(rngs):
             set_rng_state(rngs[d.rank])
-        else:  # a rank the saved job did not have (FSDP at a larger world size)
+        else:  # a rank the saved job did not have (a larger world size)
             seed_everything(self.config.run.seed + d.rank + 1_000_003 * self.progress.step)
 
     def _data_state(self) -> Any:
@@ -364,7 +376,7 @@ class RunCheckpointer:
             return
         if self.dist.rank < len(datas) and len(datas) == self.dist.world_size:
             data.load_state_dict(datas[self.dist.rank])
-        else:  # FSDP resharded to another world size: the streams' split is another one
+        else:  # another world size: the streams' split is another one
             log.warning(
                 "the checkpoint's data state is for %d process(es), and this run has %d: the "
                 "data restarts its pass",

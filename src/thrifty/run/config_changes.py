@@ -60,6 +60,7 @@ KINDS: dict[str, Kind] = {
     "measure": SAFE,
     "cost": SAFE,
     "guard": SAFE,  # when to skip, roll back or stop: not what a step computes
+    "log": SAFE,  # where figures are sent besides the run directory
     # Another model, data or loss changes what is learned; the shape check catches only a
     # changed architecture, so every task change needs --allow-config-change.
     "task": OPTIMIZATION,

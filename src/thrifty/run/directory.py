@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from thrifty.errors import ThriftyError
 from thrifty.redact import redact_value
@@ -76,19 +76,38 @@ def _safe(record: Mapping[str, Any]) -> Mapping[str, Any]:
     return record
 
 
-class MetricsLog:
-    """Appends one JSON object per line to metrics.jsonl, secrets redacted."""
+class RecordSink(Protocol):
+    """Where metrics.jsonl's records also go (TensorBoard, MLflow: thrifty.run.loggers). Fed
+    at the metrics flush and at events, never per step; never raises."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def write(self, records: Sequence[Mapping[str, Any]]) -> None: ...
+
+    def close(self) -> None: ...
+
+    def finish(self, files: Sequence[Path], finished: bool) -> None:
+        """After `close`: the run's output `files`; `finished`: it ended for good."""
+
+
+class MetricsLog:
+    """Appends one JSON object per line to metrics.jsonl, secrets redacted, and hands each
+    write to `sinks` too."""
+
+    def __init__(self, path: str | os.PathLike[str], sinks: Sequence[RecordSink] = ()) -> None:
         self.path = Path(path)
+        self.sinks = tuple(sinks)
         self._file = open(self.path, "a", buffering=1 << 16)  # noqa: SIM115 (closed in close())
 
     def write(self, records: Iterable[Mapping[str, Any]]) -> None:
+        records = list(records)
         self._file.writelines(json.dumps(json_ready(_safe(r))) + "\n" for r in records)
         self._file.flush()
+        for sink in self.sinks:
+            sink.write(records)
 
     def close(self) -> None:
         self._file.close()
+        for sink in self.sinks:
+            sink.close()
 
 
 def truncate_metrics(path: str | os.PathLike[str], step: int) -> None:

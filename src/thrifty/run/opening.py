@@ -26,6 +26,7 @@ from thrifty.run.config_changes import (
 )
 from thrifty.run.directory import MetricsLog, default_run_dir, prepare_run_dir, truncate_metrics
 from thrifty.run.lock import RunLock
+from thrifty.run.loggers import build_loggers, require_packages
 from thrifty.run.saves import SpotGuard
 
 log = logging.getLogger("thrifty")
@@ -57,6 +58,7 @@ def choices(interface: str, other: str, fresh: str) -> str:
 def claim_run_dir(config: TrainConfig, interface: str) -> Claimed:
     """Lock the run directory, refuse what must not be written over, and choose the checkpoint
     to resume from. The lock is released if anything after it fails."""
+    require_packages(config.log)  # a missing logger package: one line, nothing touched yet
     r, c = config.run, config.checkpoint
     run_dir = Path(r.out) if r.out else default_run_dir(r.name)
     # Before anything is read or written there: one writer per run directory and location.
@@ -123,7 +125,8 @@ def record_opening(
     kept_horizon: int | None,
 ) -> MetricsLog:
     """Write the run's config.toml and open its metrics log, once the state is loaded: a
-    resumed run's metrics past the checkpoint are cut (and the work they held billed)."""
+    resumed run's metrics past the checkpoint are cut (and the work they held billed). The
+    log feeds the loggers `config.log` asks for (rank 0's, as the log is)."""
     run_dir, resumed = claimed.run_dir, claimed.resume is not None
     if resumed:
         # Steps past the checkpoint were paid for and are done again: bill them.
@@ -139,7 +142,8 @@ def record_opening(
         changes=(changes if resumed else ResumeChanges()).changes,
         resumed=resumed,
     )
-    metrics_log = MetricsLog(run_dir / "metrics.jsonl")
+    loggers = build_loggers(config, run_dir, step=step, resumed=resumed)
+    metrics_log = MetricsLog(run_dir / "metrics.jsonl", sinks=loggers)
     if resumed:
         metrics_log.write([{"step": step, "event": "resumed", **claimed.lost.to_record()}])
     applied = format_applied(changes, kept_horizon=kept_horizon) if resumed else None

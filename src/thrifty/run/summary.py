@@ -1,9 +1,11 @@
 """What a run reports when `fit()` ends: the FitResult, and on rank 0 the diagnosis of what
-limited its steps (diagnosis.json) and, for a finished run, summary.json."""
+limited its steps (diagnosis.json), for a finished run summary.json, and for every run its
+report (report.html), both handed to the loggers that keep files (MLflow)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -15,6 +17,8 @@ from thrifty.run.state import FitResult
 
 if TYPE_CHECKING:
     from thrifty.trainer import Trainer
+
+UNFINISHED = ("preempted", "data_error")  # stop reasons of a run resumed later
 
 
 def fit_result(
@@ -58,10 +62,10 @@ def fit_result(
 
 def write_outputs(trainer: Trainer, result: FitResult, monitor: RunMonitor) -> Any:
     """Rank 0: diagnose the run and write diagnosis.json (with what the guard saved, beside
-    the bottleneck) and summary.json (the FitResult and the run's set-up). A run preempted or
-    stopped by its data writes no summary: summary.json marks a finished run. Returns the
-    diagnosis."""
-    t, choice = trainer, trainer.batches.worker_choice
+    the bottleneck), summary.json (the FitResult and the run's set-up) and the report. A run
+    preempted or stopped by its data writes no summary: summary.json marks a finished run.
+    Returns the diagnosis."""
+    t = trainer
     diagnosis = instruments.diagnose_run(
         monitor,
         t.config,
@@ -71,15 +75,23 @@ def write_outputs(trainer: Trainer, result: FitResult, monitor: RunMonitor) -> A
         micro=t.micro,
         accumulation=t.accumulation,
         num_workers=t.batches.num_workers,
-        worker_choice=choice,
+        worker_choice=t.batches.worker_choice,
     )
     if t.run_dir is None:
         return diagnosis
     if diagnosis is not None:
         guard = t.parts.guard.summary()
         write_json(t.run_dir / "diagnosis.json", {**diagnosis.to_dict(), "guard": guard})
-    if result.stop_reason in ("preempted", "data_error"):  # unfinished: resumed later
-        return diagnosis
+    finished = result.stop_reason not in UNFINISHED
+    if finished:
+        write_json(t.run_dir / "summary.json", run_summary(t, result, monitor))
+    publish(t, t.run_dir, finished)
+    return diagnosis
+
+
+def run_summary(trainer: Trainer, result: FitResult, monitor: RunMonitor) -> dict[str, Any]:
+    """summary.json's contents: the FitResult and the set-up that explains it."""
+    t, choice = trainer, trainer.batches.worker_choice
     summary = asdict(result)
     summary["final_val_loss"] = summary.pop("val_loss")
     summary["precision_reason"] = t.precision.reason
@@ -94,5 +106,19 @@ def write_outputs(trainer: Trainer, result: FitResult, monitor: RunMonitor) -> A
     if choice is not None:
         measured = {str(k): v for k, v in choice.seconds_per_batch.items()}
         summary["num_workers_measured_seconds_per_batch"] = measured
-    write_json(t.run_dir / "summary.json", summary)
-    return diagnosis
+    return summary
+
+
+def publish(trainer: Trainer, run_dir: Path, finished: bool) -> None:
+    """Write the run's report (log.report), preempted or not, and hand summary.json and the
+    report to the loggers that keep files (MLflow's artifacts)."""
+    files = [run_dir / "summary.json"] if finished else []
+    if trainer.config.log.report:
+        from thrifty.reporting import write_run_report
+
+        report = write_run_report(run_dir)
+        if report is not None:
+            files.append(report)
+    metrics = trainer.checkpointer.metrics
+    for sink in metrics.sinks if metrics is not None else ():
+        sink.finish(files, finished)

@@ -17,6 +17,7 @@ from torch import nn
 
 from thrifty.errors import ConfigError
 from thrifty.levers.precision import Precision
+from thrifty.strategies.elastic import warn_world_change
 from thrifty.strategies.process_group import Distributed
 
 _NO_SYNC_NEEDED = contextlib.nullcontext()
@@ -97,7 +98,7 @@ class Strategy:
 
     def check_resumable(self, state: dict[str, Any]) -> None:
         """Refuse, with the same ConfigError on every rank, a checkpoint this job cannot
-        continue: another layout, or another world size where the streams cannot follow."""
+        continue (another layout); say what a resume at another world size does not keep."""
         saved = state.get("strategy", "single")
         if saved == "fsdp":
             raise ConfigError(
@@ -105,14 +106,8 @@ class Strategy:
                 f"distributed.strategy = {self.name}: resume with distributed.strategy = fsdp"
             )
         saved_world = int(state.get("world_size", 1))
-        if saved_world != self.dist.world_size:
-            raise ConfigError(
-                f"the checkpoint was written by {saved_world} process(es) and this run has "
-                f"{self.dist.world_size}: with {self.name}, every rank's random-number and data "
-                f"streams are part of an exact resume, so it resumes only at the world size that "
-                f"wrote it; launch {saved_world} process(es), or train with "
-                "distributed.strategy = fsdp, whose checkpoints reshard"
-            )
+        if saved_world != self.dist.world_size:  # every rank holds the whole model
+            warn_world_change(saved_world, self.dist.world_size, self.name)
 
     def state_keys(self) -> list[str]:
         """The keys rank 0's checkpoint state must hold for this strategy."""

@@ -16,8 +16,9 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -25,6 +26,7 @@ import torch.distributed as dist
 
 from thrifty.config import DistributedConfig, flatten_keys
 from thrifty.errors import ConfigError, ThriftyError
+from thrifty.strategies.timeouts import CollectiveTimeouts
 
 log = logging.getLogger("thrifty")
 
@@ -62,6 +64,11 @@ class Distributed:
     backend: str | None = None
     control: Any = None  # the gloo process group for host-side agreement
     owns_group: bool = False  # this process group was created by thrifty (and is ours to close)
+    # How long a collective waits for a missing rank: long at start-up, short once steady.
+    timeouts: CollectiveTimeouts = field(default_factory=CollectiveTimeouts)
+    # Seconds blocked in host-side agreements so far: time spent waiting for the other ranks,
+    # which a rank's own fetch time must not count (measure/stragglers.py).
+    agreed_seconds: float = 0.0
 
     @property
     def enabled(self) -> bool:
@@ -82,11 +89,13 @@ class Distributed:
     # --- host-side agreement (gloo control group; no GPU sync) ---------------------------------
 
     def sum_ints(self, values: list[int]) -> list[int]:
-        """Each value summed over the ranks."""
+        """Each value summed over the ranks; the seconds it blocks add up in `agreed_seconds`."""
         if not self.enabled:
             return values
         t = torch.tensor(values, dtype=torch.int64)
+        start = time.perf_counter()
         dist.all_reduce(t, group=self.control)
+        self.agreed_seconds += time.perf_counter() - start
         return t.tolist()
 
     def any_of(self, *flags: bool) -> list[bool]:
@@ -203,12 +212,17 @@ def _joined(config: DistributedConfig, device: str, *, owns: bool) -> tuple[Dist
             f"the process group uses NCCL but run.device = {device!r}: NCCL needs CUDA devices; "
             "use gloo on CPU"
         )
-    control = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo")
+    wait = datetime.timedelta(seconds=config.timeout_seconds)  # else gloo's default, 30 min
+    control = (
+        dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo", timeout=wait)
+    )
     strategy = config.strategy
     if strategy == "auto":
         strategy = "ddp" if world > 1 else "single"
     if world == 1:
         strategy = "single"
+    # A process group the caller made keeps the timeout the caller gave it.
+    groups = [dist.group.WORLD] if control is dist.group.WORLD else [dist.group.WORLD, control]
     d = Distributed(
         strategy=strategy,
         rank=dist.get_rank(),
@@ -217,6 +231,7 @@ def _joined(config: DistributedConfig, device: str, *, owns: bool) -> tuple[Dist
         backend=backend,
         control=control,
         owns_group=owns,
+        timeouts=CollectiveTimeouts(config, groups if owns and world > 1 else []),
     )
     return d, device
 

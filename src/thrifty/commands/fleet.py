@@ -1,0 +1,84 @@
+"""`thrifty launch`: run a config on a spot fleet through SkyPilot or Slurm.
+
+It writes the engine's own job file from the config (a SkyPilot task YAML or an sbatch
+script), prints the planner's cost estimate first, and submits the file when the engine is
+installed here. Registering only builds the parser; the handler imports the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from thrifty.commands.plan import COUNT, FRACTION
+from thrifty.commands.training import add_set_option
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text!r}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `launch` to the `thrifty` command line."""
+    parser = subparsers.add_parser(
+        "launch",
+        help="run a config on a (spot) fleet: write and submit a SkyPilot task or sbatch script",
+        description="Write the engine's job file for CONFIG on N nodes of GPU:COUNT (a SkyPilot "
+        "managed-job YAML or a Slurm sbatch script), print the planner's cost estimate "
+        "(on-demand, spot, and spot with the expected interruptions) and submit the file "
+        "when the engine is installed here. A preempted job saves an emergency checkpoint, "
+        "exits 75, and the engine relaunches it; it resumes from --bucket.",
+    )
+    parser.add_argument("config", metavar="CONFIG.toml")
+    parser.add_argument("--gpus", required=True, metavar="GPU:COUNT", help="per node, e.g. H100:8")
+    parser.add_argument("--nodes", type=_positive_int, default=1, metavar="N", help="default 1")
+    parser.add_argument("--spot", action="store_true", help="spot instances (SkyPilot use_spot)")
+    parser.add_argument(
+        "--bucket",
+        metavar="URL",
+        help="checkpoint location every node and every relaunch reads, e.g. s3://B/run "
+        "(sets checkpoint.location; needed for more than one node)",
+    )
+    parser.add_argument("--engine", choices=("skypilot", "slurm"), default="skypilot")
+    parser.add_argument("--dry-run", action="store_true", help="print the file, write nothing")
+    parser.add_argument("--out", metavar="FILE", help="default: beside the config")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        metavar="K",
+        help="relaunches after a failure that is not a preemption (default 3)",
+    )
+    parser.add_argument("--time", metavar="DURATION", help="Slurm time limit, e.g. 24h")
+    _cost_options(parser)
+    add_set_option(parser)
+    parser.set_defaults(handler=run_launch)
+
+
+def _cost_options(parser: argparse.ArgumentParser) -> None:
+    cost = parser.add_argument_group("the cost estimate (thrifty plan's figures)")
+    cost.add_argument("--instance", metavar="NAME", help="catalog instance to price the job on")
+    cost.add_argument(
+        "--params", type=COUNT, metavar="N", help="e.g. 7B (default: counted from task.model)"
+    )
+    cost.add_argument(
+        "--tokens",
+        type=COUNT,
+        metavar="D",
+        help="e.g. 140B (default: run.max_tokens, or run.max_steps x batch x --seq)",
+    )
+    cost.add_argument("--seq", type=_positive_int, metavar="T", help="tokens per sample")
+    cost.add_argument("--mfu", type=FRACTION, metavar="F", help="0-1 (default 0.35)")
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    """Print the cost, then print (--dry-run), write, or write and submit the job file."""
+    from thrifty.fleet.launching import run
+
+    return run(args)

@@ -1,0 +1,42 @@
+"""`thrifty report`: one self-contained HTML page of a run, of several runs, or of a tune.
+
+Registering only builds the parser; the handler imports the report when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `report` to the `thrifty` command line."""
+    parser = subparsers.add_parser(
+        "report",
+        help="write one self-contained HTML page of a run (or several, or a tune)",
+        description="Write one HTML file that opens offline: the headline figures, loss with "
+        "resumes, rollbacks and checkpoint saves marked, throughput and MFU, the step-time "
+        "breakdown, system sampling, dollars against the projection, and the diagnosis. Given "
+        "several runs, they are compared on the same axes first. Given a tune's --out, its "
+        "trials table and waterfall.",
+    )
+    parser.add_argument(
+        "run_dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="a run directory (it holds metrics.jsonl) or a tune's --out (it holds tune.json)",
+    )
+    parser.add_argument(
+        "--out",
+        metavar="FILE",
+        help="the HTML file to write (default RUN_DIR/report.html; required for several runs)",
+    )
+    parser.set_defaults(handler=run_report_command)
+
+
+def run_report_command(args: argparse.Namespace) -> int:
+    """Write the report and print its path."""
+    from thrifty.reporting import render_report
+
+    path = render_report(args.run_dirs, out=args.out)
+    print(f"wrote {path}")
+    return 0

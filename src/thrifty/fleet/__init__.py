@@ -1,0 +1,7 @@
+"""Spot fleets: the job files `thrifty launch` writes from a thrifty config.
+
+`job` turns the config and the command line into a `FleetJob`; `skypilot` and `slurm` write
+it as each engine's own job description; `agent` is what runs on every node (torch's elastic
+agent, ending 75 when the job was preempted); `cost` prints the planner's estimate first.
+Importing this package is cheap: no torch.
+"""

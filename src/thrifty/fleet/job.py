@@ -1,0 +1,183 @@
+"""A fleet job: what every engine's job file says, read from the thrifty config and the
+command line of `thrifty launch`.
+
+The job is the same whatever runs it: N nodes of K GPUs, each starting thrifty's node agent
+(`python -m thrifty.fleet.agent`, torch's elastic agent with the preempted exit code kept),
+which trains the config with its checkpoints in storage every node and every relaunch can
+read. Units: seconds, GPUs per node.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from thrifty.errors import ConfigError
+
+ENGINES = ("skypilot", "slurm")
+RENDEZVOUS_PORT = 29500
+# Seconds the node agent needs besides the upload to stop its workers: the step they are in,
+# the local write, the exit (the agent's own margin), plus Slurm's up-to-a-minute lateness.
+SIGNAL_MARGIN_SECONDS = 60
+# `pip install` extras for a checkpoint URL's scheme (fsspec's filesystems).
+STORAGE_EXTRAS = {"s3": "s3", "gs": "gcs", "gcs": "gcs"}
+
+_GPUS = re.compile(r"^\s*([A-Za-z0-9][\w.-]*)\s*(?::\s*(\S+))?\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """`--gpus NAME:COUNT`: a catalog GPU (`name`, canonical) and how many per node."""
+
+    name: str
+    given: str
+    per_node: int
+
+
+def parse_gpus(text: str, known: Sequence[str], resolve: object) -> GpuRequest:
+    """`H100:8` (or `H100`, one GPU) → the catalog GPU and the count per node.
+
+    `known`: the catalog's GPU names, listed when the name is not one; `resolve`: the
+    catalog's `gpu(name)` lookup (raises LookupError for an unknown name).
+    """
+    match = _GPUS.match(text)
+    count_text = match.group(2) if match else None
+    if match is None or (count_text is not None and not count_text.isdigit()):
+        raise ConfigError(
+            f"--gpus {text!r} is invalid: give GPU:COUNT, the GPUs of one node, e.g. H100:8"
+        )
+    count = 1 if count_text is None else int(count_text)
+    if count < 1:
+        raise ConfigError(f"--gpus {text!r} is invalid: the count must be 1 or more, e.g. H100:8")
+    name = match.group(1)
+    try:
+        gpu = resolve(name)  # type: ignore[operator]
+    except LookupError:
+        raise ConfigError(
+            f"--gpus {text!r} is invalid: unknown GPU {name!r}; the catalog knows "
+            f"{', '.join(known)}"
+        ) from None
+    return GpuRequest(gpu.name, name, count)
+
+
+def is_remote(location: str | None) -> bool:
+    """A URL other than file://: storage that outlives the node (a bucket)."""
+    return location is not None and "://" in location and not location.startswith("file://")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetJob:
+    """Everything the engines write: the job's name, nodes, GPUs, storage and command.
+
+    `config` is the config's path relative to the directory the job runs in (the submitting
+    directory); `location` the checkpoint location the launch sets (None: the config's own);
+    `requirements` a requirements file beside the config, relative likewise.
+    """
+
+    name: str
+    config: str
+    gpus: GpuRequest
+    nodes: int = 1
+    spot: bool = False
+    location: str | None = None
+    overrides: tuple[str, ...] = ()
+    requirements: str | None = None
+    signals: tuple[str, ...] = ("SIGTERM", "SIGINT", "SIGUSR1")
+    upload_deadline: float = 90.0
+    max_restarts: int = 3
+    time_limit: float | None = None
+
+    @property
+    def signal_lead_seconds(self) -> int:
+        """Seconds before a time limit the preemption signal must come: the agent's wait for
+        the workers (upload deadline plus its margin) plus Slurm's lateness."""
+        from thrifty.commands.launch import worker_grace_seconds
+
+        return worker_grace_seconds(self.upload_deadline) + SIGNAL_MARGIN_SECONDS
+
+    def install_line(self, version: str) -> str:
+        """`pip install` of this thrifty, with the extra the checkpoint URL needs."""
+        scheme = (self.location or "").partition("://")[0]
+        extra = STORAGE_EXTRAS.get(scheme)
+        spec = f"thrifty[{extra}]=={version}" if extra else f"thrifty=={version}"
+        return f"pip install {shlex.quote(spec)}"
+
+    def train_words(self, location_word: str | None) -> list[str]:
+        """`train CONFIG --set ...`, one option a line: the thrifty command every node's agent
+        runs.
+        `location_word`: the checkpoint location as the job file spells it (a shell word)."""
+        words = [f"train {shlex.quote(self.config)}"]
+        words += [f"--set {shlex.quote(item)}" for item in self.overrides]
+        if location_word is not None:
+            words.append(f"--set checkpoint.location={location_word}")
+        return words
+
+    def agent_words(self, nodes: str, per_node: str, head: str, job_id: str) -> list[str]:
+        """The node agent's command; each argument is a shell word the engine fills in."""
+        signals = ",".join(self.signals)
+        return [
+            "python -m thrifty.fleet.agent",
+            f"--nnodes {nodes}",
+            f"--nproc-per-node {per_node}",
+            f'--rdzv-endpoint "{head}:{RENDEZVOUS_PORT}"',
+            f"--rdzv-id {job_id}",
+            f"--signals {signals}",
+            f"--upload-deadline {math.ceil(self.upload_deadline)}",
+        ]
+
+
+def relative_config(path: str | os.PathLike[str], cwd: str | os.PathLike[str]) -> str:
+    """The config's path from `cwd`, the directory the job runs in: the engines run the
+    job there (SkyPilot uploads it as the workdir), so the config must be inside it."""
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(cwd))
+    if rel == ".." or rel.startswith(f"..{os.sep}"):
+        raise ConfigError(
+            f"config {path} is outside the current directory: run thrifty launch from the "
+            "project directory that holds it (the job runs there)"
+        )
+    return Path(rel).as_posix()
+
+
+def requirements_beside(config: str, cwd: str | os.PathLike[str]) -> str | None:
+    """`requirements.txt` in the config's folder, relative to `cwd`, if there is one."""
+    candidate = Path(config).parent / "requirements.txt"
+    return candidate.as_posix() if (Path(cwd) / candidate).is_file() else None
+
+
+def check_storage(nodes: int, location: str | None, engine: str, spot: bool) -> None:
+    """Refuse a job that could not resume: several nodes (or a SkyPilot relaunch, always on
+    a new machine) with checkpoints on one machine's disk."""
+    if is_remote(location):
+        return
+    fix = (
+        "give --bucket s3://BUCKET/PATH (or set checkpoint.location to a bucket URL in the config)"
+    )
+    if nodes > 1:
+        raise ConfigError(
+            f"--nodes {nodes} without --bucket: a fleet without shared storage cannot resume; {fix}"
+        )
+    if engine == "skypilot" and spot:
+        raise ConfigError(
+            "--spot without --bucket: SkyPilot relaunches a preempted job on a new machine, "
+            f"which cannot see the old one's checkpoints; {fix}"
+        )
+
+
+def check_bucket(bucket: str | None, engine: str) -> None:
+    """SkyPilot's nodes share no filesystem: their storage is a URL."""
+    if bucket is not None and engine == "skypilot" and not is_remote(bucket):
+        raise ConfigError(
+            f"--bucket {bucket!r} is invalid: SkyPilot's machines share no folder; give a "
+            "bucket URL, e.g. s3://BUCKET/PATH or gs://BUCKET/PATH"
+        )
+
+
+def job_name(run_name: str) -> str:
+    """`thrifty-<run.name>` with only the letters engines accept in a job name."""
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", run_name.lower()).strip("-")
+    return f"thrifty-{cleaned or 'run'}"

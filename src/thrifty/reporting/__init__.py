@@ -1,0 +1,98 @@
+"""`thrifty report`: one self-contained HTML page of a run, of several runs side by side, or
+of a tune.
+
+Cheap to import (no torch): a run writes its own report when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from thrifty.errors import ThriftyError
+from thrifty.reporting.runs import Run, Tune, load
+
+__all__ = ["REPORT_NAME", "Run", "Tune", "load", "render_report", "write_html", "write_run_report"]
+
+REPORT_NAME = "report.html"
+log = logging.getLogger("thrifty")
+
+
+def render_report(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str] | None = None,
+) -> Path:
+    """Write the report of the run (or tune) directory `paths`, or of each of several, to `out`
+    and return its path.
+
+    `out` defaults to <dir>/report.html for one directory; several need it. Bad input (a
+    directory that is not a run, a run with no step recorded yet, an output that cannot be
+    written) raises ThriftyError with one line naming the problem and the fix."""
+    from thrifty.reporting.page import render_page
+
+    if isinstance(paths, str | os.PathLike):
+        paths = [paths]
+
+    if not paths:
+        raise ThriftyError("no run directory given: thrifty report RUN_DIR [RUN_DIR ...]")
+    if out is None and len(paths) > 1:
+        raise ThriftyError(
+            f"{len(paths)} runs given and no --out: a report of several runs needs --out FILE "
+            "(e.g. --out compare.html)"
+        )
+    items = unique_names([load(p) for p in paths])
+    target = Path(out) if out is not None else Path(paths[0]) / REPORT_NAME
+    return write_html(render_page(items), target)
+
+
+def write_html(html: str, out: Path, fix: str = "give another --out") -> Path:
+    """Write `html` to `out` atomically (a temporary file beside it, then a rename), creating
+    its folder; one line naming the problem and `fix` when it cannot be written."""
+    if out.is_dir():
+        raise ThriftyError(
+            f"cannot write the report to {out}: it is a directory; give a file name, "
+            f"e.g. {out / REPORT_NAME}"
+        )
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(html, encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        reason = exc.strerror or type(exc).__name__
+        raise ThriftyError(f"cannot write the report to {out}: {reason}; {fix}") from None
+    return out
+
+
+def write_run_report(run_dir: str | os.PathLike[str]) -> Path | None:
+    """Write <run_dir>/report.html at a run's end (finished or preempted). Never raises: a
+    report that cannot be made must not fail the run, so it logs one warning line and
+    returns None."""
+    try:
+        from thrifty.reporting.page import render_page
+
+        run = load(run_dir)
+        fix = "the run itself is saved; run thrifty report RUN_DIR --out FILE to write it elsewhere"
+        return write_html(render_page([run]), Path(run_dir) / REPORT_NAME, fix)
+    except ThriftyError as exc:
+        log.warning("no report.html for %s: %s", run_dir, exc)
+    except Exception as exc:  # a bug in the report must not cost the run its end
+        log.warning("no report.html for %s: %s: %s", run_dir, type(exc).__name__, exc)
+    return None
+
+
+def unique_names(items: list[Run | Tune]) -> list[Run | Tune]:
+    """The items, each named by its folder, or by its parent and folder where two share one."""
+    names = [i.name for i in items]
+    return [
+        dataclasses.replace(i, name=f"{i.path.resolve().parent.name}/{i.name}")
+        if names.count(i.name) > 1
+        else i
+        for i in items
+    ]

@@ -1,0 +1,194 @@
+"""Reading what a run or a tune left in its directory, for the report.
+
+A run directory holds config.toml, metrics.jsonl (one JSON object a line: a step's record, an
+evaluation `{"step", "val_loss"}`, or an event `{"step", "event": "resumed" | "rollback" |
+...}`), and once the run ends diagnosis.json and (finished runs only) summary.json; its saves
+are folders under checkpoints/ with a manifest.json. A tune's --out holds tune.json.
+
+A run killed mid-write may leave its last metrics line cut short: that line is dropped. A
+directory with no step record yet has nothing to report and is refused with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from thrifty.errors import ThriftyError
+
+WHAT_A_RUN_IS = "a run directory (it holds metrics.jsonl) or a tune's --out (it holds tune.json)"
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One training run as its directory tells it.
+
+    `steps`: the step records in file order (each has "step" and "loss"); `evals`: (step,
+    validation loss) pairs; `events`: the records with an "event" key; `checkpoints`: the
+    steps of the saves seen (a step's breakdown spent time saving, or a folder under
+    checkpoints/ holds a manifest), ascending. `summary` is None for a run that did not finish
+    (preempted, stopped by its data, or still running)."""
+
+    path: Path
+    name: str
+    config: dict[str, Any]
+    steps: list[dict[str, Any]]
+    evals: list[tuple[int, float]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[int] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+    diagnosis: dict[str, Any] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.summary is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Tune:
+    """A `thrifty tune` --out: `data` is its tune.json (tuning.report.result_dict)."""
+
+    path: Path
+    name: str
+    data: dict[str, Any]
+
+
+def load(path: str | os.PathLike[str]) -> Run | Tune:
+    """The run or tune in `path`; anything else is a ThriftyError naming what is missing."""
+    path = Path(path)
+    if not path.exists():
+        raise ThriftyError(f"{path} does not exist: give {WHAT_A_RUN_IS}")
+    if not path.is_dir():
+        raise ThriftyError(f"{path} is not a directory: give {WHAT_A_RUN_IS}")
+    if (path / "tune.json").is_file():
+        return Tune(path, path.resolve().name, _read_json(path / "tune.json"))
+    return load_run(path)
+
+
+def load_run(path: Path) -> Run:
+    metrics = path / "metrics.jsonl"
+    if not metrics.is_file():
+        if (path / "config.toml").is_file():
+            raise ThriftyError(
+                f"run directory {path} has no metrics.jsonl: the run ended before its first "
+                "metrics flush (every run.log_every steps), so there is nothing to report yet"
+            )
+        raise ThriftyError(f"{path} is not a run: it has no metrics.jsonl; give {WHAT_A_RUN_IS}")
+    records = read_records(metrics)
+    steps = [r for r in records if _is_step(r)]
+    if not steps:
+        raise ThriftyError(
+            f"{metrics} holds no step record yet: the run ended before its first metrics "
+            "flush (every run.log_every steps), so there is nothing to report"
+        )
+    events = [r for r in records if isinstance(r.get("event"), str)]
+    return Run(
+        path=path,
+        name=path.resolve().name,
+        config=_read_config(path / "config.toml"),
+        steps=steps,
+        evals=[(int(r["step"]), float(r["val_loss"])) for r in records if _is_eval(r)],
+        events=events,
+        checkpoints=_checkpoint_steps(path, steps, events),
+        summary=_read_optional(path / "summary.json"),
+        diagnosis=_read_optional(path / "diagnosis.json"),
+    )
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl's records. A last line cut short (the process was killed mid-write) is
+    dropped; a bad line before it means the file was damaged, and is refused."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as exc:
+        raise ThriftyError(f"cannot read {path}: {exc.strerror}") from exc
+    numbered = [(i, line) for i, line in enumerate(lines, 1) if line.strip()]
+    records = []
+    for position, (number, line) in enumerate(numbered):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if position == len(numbered) - 1:
+                break  # cut short by a kill: the records before it are whole
+            raise ThriftyError(
+                f"{path} line {number} is not JSON: the file was damaged; "
+                "delete that line to report the rest"
+            ) from None
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+    return records
+
+
+def _is_step(record: Mapping[str, Any]) -> bool:
+    return "loss" in record and "event" not in record
+
+
+def _is_eval(record: Mapping[str, Any]) -> bool:
+    value = record.get("val_loss")
+    return "loss" not in record and isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _read_optional(path: Path) -> dict[str, Any] | None:
+    """A JSON file the run writes when it ends; None before."""
+    return _read_json(path) if path.is_file() else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON file the run wrote atomically."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ThriftyError(f"cannot read {path}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise ThriftyError(
+            f"{path} is not valid JSON ({exc}): the file was damaged; move it away to report "
+            "the rest"
+        ) from None
+    if not isinstance(data, dict):
+        raise ThriftyError(f"{path} does not hold a JSON object: it is not one thrifty wrote")
+    return data
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    """config.toml's tables; {} when it is missing or unreadable (the report can do without)."""
+    from thrifty.config import toml_loads
+
+    try:
+        return toml_loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _checkpoint_steps(
+    path: Path, steps: list[dict[str, Any]], events: list[dict[str, Any]]
+) -> list[int]:
+    """The steps of the saves seen: a step whose breakdown spent time saving, a save under
+    checkpoints/, and the save a resume or a rollback went back to (pruned since, maybe)."""
+    seen = {
+        int(r["step"])
+        for r in steps
+        if isinstance(r.get("breakdown"), dict) and (r["breakdown"].get("checkpoint") or 0) > 0
+    }
+    for event in events:
+        went_to = event["step"] if event["event"] == "resumed" else event.get("to_step")
+        if event["event"] in ("resumed", "rollback") and isinstance(went_to, int):
+            seen.add(went_to)
+    folder = path / "checkpoints"
+    if folder.is_dir():
+        for manifest in folder.glob("*/manifest.json"):
+            step = (_read_manifest(manifest) or {}).get("step")
+            if isinstance(step, int):
+                seen.add(step)
+    return sorted(seen)
+
+
+def _read_manifest(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # a save being written, or a damaged one: not a save to mark
+    return data if isinstance(data, dict) else None

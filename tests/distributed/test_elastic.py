@@ -1,0 +1,186 @@
+"""A full-model (single or DDP) checkpoint resumes at another world size: the global batch is
+kept, the accumulation absorbs the change, and the run continues as the uninterrupted one.
+
+The model has no dropout, so the only difference is the order in which the global batch's
+gradients are summed: the losses agree to rtol 1e-5. The samples are compared exactly: every
+fetch of the training loader is recorded, and the whole run's indices (a multiset: the run
+spans several epochs) equal the uninterrupted run's, so none is skipped or repeated at the
+switch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from distributed.test_distributed import (
+    REPO,
+    TESTS,
+    TIMEOUT,
+    final_weights,
+    losses,
+    ok,
+    one_error_line,
+)
+
+STEPS, SWITCH = 10, 6  # 4 steps an epoch: the switch falls in the middle of the second epoch
+LOSS_RTOL = 1e-5
+
+CONFIG = """
+[run]
+max_steps = {steps}
+log_every = 1
+progress = "off"
+seed = 7
+
+[precision]
+mode = "fp32"
+
+[batch]
+micro = 16
+{effective}
+
+[schedule]
+decay = "constant"  # the same lr whatever run.max_steps the first part ran with
+
+[data]
+num_workers = 0
+
+[eval]
+every = 5
+
+[checkpoint]
+every = 3
+
+[measure]
+system = false
+peak_tflops = 1.0
+
+[task]
+model = "dist_task:model"
+train_data = "elastic_task:train_data"
+val_data = "elastic_task:val_data"
+optimizer = "dist_task:sgd"
+loss_fn = "dist_task:cross_entropy"
+data_args = {{ rows = 256, record = "{record}" }}
+"""
+
+
+def write_config(folder: Path, *, effective: int | None = 64) -> Path:
+    """The run's config; its samples are recorded under `folder/record`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    line = "" if effective is None else f"effective = {effective}"
+    text = CONFIG.format(steps=STEPS, effective=line, record=folder / "record")
+    path = folder / "config.toml"
+    path.write_text(text)
+    return path
+
+
+def train(config: Path, out: Path, *args: str, nprocs: int = 1) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    paths = [str(TESTS), str(TESTS / "distributed"), str(REPO / "src")]
+    env.update(PYTHONPATH=os.pathsep.join(paths), OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "thrifty", "train", str(config), "--out", str(out), *args]
+    if nprocs > 1:
+        command += ["--nprocs", str(nprocs)]
+    return subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT
+    )
+
+
+def samples_seen(folder: Path) -> list[int]:
+    """Every training sample the run's ranks fetched, sorted (each epoch fetches each once)."""
+    seen = [int(i) for path in (folder / "record").glob("*.txt") for i in path.read_text().split()]
+    return sorted(seen)
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def switched(tmp: Path, before: int, after: int) -> tuple[Path, subprocess.CompletedProcess]:
+    """A run of `before` processes stopped at step SWITCH, resumed by `after` to the end."""
+    folder = tmp / f"{before}-to-{after}"
+    config = write_config(folder)
+    out = folder / "run"
+    ok(train(config, out, "--steps", str(SWITCH), nprocs=before))
+    (out / "summary.json").unlink()  # a finished run made resumable for more steps
+    return folder, ok(train(config, out, nprocs=after))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """The reference: one process, all the steps in one go."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    ok(train(write_config(folder), folder / "run"))
+    return folder
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
+def test_a_ddp_run_resumed_at_another_world_size_continues_the_uninterrupted_run(
+    uninterrupted, tmp_path, before, after
+):
+    folder, resumed = switched(tmp_path, before, after)
+    assert f"resumed from step {SWITCH}" in resumed.stderr
+    assert f"resuming a checkpoint of {before} process(es) on {after}" in resumed.stderr
+    assert "not bit-exact: each rank's random streams (dropout)" in resumed.stderr
+    reference, run = uninterrupted / "run", folder / "run"
+    # The steps and samples are exact: the same samples, none skipped or repeated.
+    assert summary(run)["steps"] == summary(reference)["steps"] == STEPS
+    assert summary(run)["samples"] == summary(reference)["samples"] == STEPS * 64
+    assert len(samples_seen(uninterrupted)) == STEPS * 64
+    assert samples_seen(folder) == samples_seen(uninterrupted)
+    # The same global batches, summed in another order: the losses and weights agree.
+    la, lb = losses(reference), losses(run)
+    assert sorted(la) == sorted(lb) == list(range(1, STEPS + 1))
+    for step in la:
+        assert lb[step] == pytest.approx(la[step], rel=LOSS_RTOL), step
+    wa, wb = final_weights(reference), final_weights(run)
+    for name in wa:
+        torch.testing.assert_close(wb[name], wa[name], rtol=1e-4, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory) -> Path:
+    """A one-process run checkpointed at step 3 and made resumable for more steps."""
+    folder = tmp_path_factory.mktemp("checkpointed")
+    out = folder / "run"
+    ok(train(write_config(folder), out, "--steps", "3"))
+    (out / "summary.json").unlink()
+    return folder
+
+
+def resumed(checkpointed: Path, tmp: Path, *args: str, nprocs: int, effective: int | None = 64):
+    """The checkpointed run resumed (a copy of it) by `nprocs` processes."""
+    out = tmp / "run"
+    shutil.copytree(checkpointed / "run", out)
+    return train(write_config(tmp, effective=effective), out, *args, nprocs=nprocs)
+
+
+def test_a_world_size_the_global_batch_does_not_divide_is_refused_on_resume(checkpointed, tmp_path):
+    line = one_error_line(resumed(checkpointed, tmp_path / "fixed", nprocs=3))
+    assert line == (
+        "thrifty: error: batch.effective = 64 is invalid: must be a multiple of batch.micro × "
+        "world size = 16 × 3 = 48"
+    )
+    auto = resumed(checkpointed, tmp_path / "auto", "--set", "batch.micro=auto", nprocs=3)
+    assert one_error_line(auto) == (
+        "thrifty: error: batch.effective = 64 is invalid: must be a multiple of the world size "
+        "(3) with batch.micro = 'auto'"
+    )
+
+
+def test_a_global_batch_that_followed_the_process_count_is_refused_at_another(
+    checkpointed, tmp_path
+):
+    # Without batch.effective, 2 processes of 16 make 32, not the checkpoint's 64.
+    line = one_error_line(resumed(checkpointed, tmp_path, nprocs=2, effective=None))
+    assert "written by 1 process(es) with an effective batch of 64" in line
+    assert "set batch.effective = 64 to resume at another world size" in line
