@@ -26,6 +26,7 @@ import math
 import os
 import queue
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -303,6 +304,7 @@ class MlflowLogger(Logger):
         self._thread.start()
 
     def _work(self) -> None:
+        _yield_to_training()
         quiet = _FromThread(threading.get_ident())
         http_log = logging.getLogger("urllib3.connectionpool")
         http_log.addFilter(quiet)
@@ -370,6 +372,16 @@ class MlflowLogger(Logger):
                 self._client.log_artifact(self.run_id, str(path))
             if finished:
                 self._client.set_terminated(self.run_id, "FINISHED")
+
+
+def _yield_to_training() -> None:
+    """Run the calling thread at the lowest CPU priority, so that where the training keeps
+    every core busy the logger's writes wait, not the steps (a file: store spends ~3 ms of
+    CPU per flush). Linux only: there a thread is a task of its own that setpriority names
+    by its id; elsewhere the same call would renice the whole process."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 def _existing_run(client: Any, id_file: Path) -> str | None:
