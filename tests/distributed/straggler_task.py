@@ -8,7 +8,7 @@ import time
 import torch
 from torch import nn
 
-from dist_task import Net
+from dist_task import Net, Table
 
 
 class SleepyNet(Net):
@@ -27,3 +27,10 @@ class SleepyNet(Net):
 
 def model(ms: float = 5.0, slow_rank: int = -1, slow_ms: float = 0.0) -> nn.Module:
     return SleepyNet(ms, slow_rank, slow_ms)
+
+
+def slow_data(slow_rank: int = -1, ms: float = 0.0) -> Table:
+    """The tabular data, each item costing `ms` on rank `slow_rank` only: a node whose loader
+    (a slow disk, a busy host) keeps the others waiting."""
+    slow = int(os.environ.get("RANK", "0")) == slow_rank
+    return Table(768, seed=1, ms=ms if slow else 0.0)

@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 TIMEOUT = 120  # seconds the launch may take before the test fails instead of hanging
@@ -54,9 +52,19 @@ loss_fn = "dist_task:cross_entropy"
 """
 
 
-def train_two_ranks(tmp_path: Path, slow_rank: int, slow_ms: float) -> Path:
+def train_two_ranks(tmp_path: Path, slow_rank: int, slow_ms: float, data_ms: float = 0.0) -> Path:
     config = tmp_path / "config.toml"
-    config.write_text(CONFIG.format(slow_rank=slow_rank, slow_ms=slow_ms))
+    text = CONFIG.format(slow_rank=slow_rank, slow_ms=slow_ms)
+    if data_ms:  # rank `slow_rank` is slow at fetching its data instead
+        text = text.replace(
+            f"slow_rank = {slow_rank}, slow_ms = {slow_ms} }}",
+            "slow_rank = -1, slow_ms = 0.0 }",
+        ).replace(
+            'train_data = "dist_task:train_data"',
+            'train_data = "straggler_task:slow_data"\n'
+            f"data_args = {{ slow_rank = {slow_rank}, ms = {data_ms} }}",
+        )
+    config.write_text(text)
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(
@@ -82,7 +90,6 @@ def interval_records(run: Path) -> list[dict]:
     return [r for line in lines if "ranks" in (r := json.loads(line))]
 
 
-@pytest.mark.slow
 def test_a_rank_slower_at_its_forward_is_recorded_and_named_a_straggler(tmp_path):
     run = train_two_ranks(tmp_path, slow_rank=1, slow_ms=25.0)
     records = interval_records(run)
@@ -103,10 +110,25 @@ def test_a_rank_slower_at_its_forward_is_recorded_and_named_a_straggler(tmp_path
     assert "replace the instance" in advice[0]["text"]
 
 
-@pytest.mark.slow
 def test_ranks_doing_the_same_work_name_no_straggler(tmp_path):
     run = train_two_ranks(tmp_path, slow_rank=-1, slow_ms=0.0)
     assert all(len(r["ranks"]["work_seconds"]) == 2 for r in interval_records(run))
     diagnosis = json.loads((run / "diagnosis.json").read_text())
     assert "straggler" in diagnosis and diagnosis["straggler"] is None
     assert not any("straggler" in line for line in diagnosis["evidence"])
+
+
+def test_a_rank_slower_at_fetching_its_data_is_named_with_the_data_advice(tmp_path):
+    # Rank 1's items cost 1 ms each (32 ms a micro-batch); rank 0's cost nothing. Rank 0's own
+    # data wait includes waiting for rank 1 in the fetch's agreement: only the time outside
+    # agreements tells them apart.
+    run = train_two_ranks(tmp_path, slow_rank=1, slow_ms=0.0, data_ms=1.0)
+    records = interval_records(run)
+    assert records and all(
+        r["ranks"]["data_seconds"][1] > r["ranks"]["data_seconds"][0] for r in records
+    )
+    straggler = json.loads((run / "diagnosis.json").read_text())["straggler"]
+    assert straggler["rank"] == 1 and straggler["data_lag_seconds"] > 0
+    advice = json.loads((run / "diagnosis.json").read_text())["recommendations"]
+    named = [r for r in advice if r["text"].startswith("rank 1 is")]
+    assert len(named) == 1 and named[0]["area"] == "data"

@@ -162,7 +162,6 @@ def test_a_preempted_group_restarted_by_torchrun_resumes_and_finishes_exactly(tm
         str(write_config(tmp_path, at=100)),
         "--out",
         str(out),
-        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "preempted at step" in result.stdout

@@ -197,8 +197,29 @@ def init_distributed(config: DistributedConfig, device: str) -> tuple[Distribute
     backend = _backend(config.backend, device)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=config.timeout_seconds))
+    timeout = datetime.timedelta(seconds=config.timeout_seconds)
+    store = _attempt_store(timeout)
+    if store is None:
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     return _joined(config, device, owns=True)
+
+
+def _attempt_store(timeout: datetime.timedelta) -> Any:
+    """The store of a worker group that torchrun restarted (`--max-restarts`), with keys of
+    its own; None for a first attempt. torchrun's workers share the agent's rendezvous store,
+    and torch assumes each attempt gets a fresh one: the first attempt's peer addresses are
+    still in it, so a restarted group's gloo would connect to the dead workers' ports and
+    time out. A prefix per attempt (TORCHELASTIC_RESTART_COUNT) keeps the attempts apart."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or attempt == "0":
+        return None
+    agent = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
+    return dist.PrefixStore(f"thrifty/attempt_{attempt}", agent)
 
 
 def _joined(config: DistributedConfig, device: str, *, owns: bool) -> tuple[Distributed, str]:
