@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 TIMEOUT = 240  # seconds a launch may take before the test fails instead of hanging
@@ -120,7 +118,6 @@ def losses(out: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
-@pytest.mark.slow
 def test_plain_torchrun_says_1_where_the_node_agent_keeps_75(tmp_path):
     config = write_config(tmp_path, at=100)
     plain = torchrun("-m", "thrifty", "train", str(config), "--out", str(tmp_path / "plain"))
@@ -133,7 +130,6 @@ def test_plain_torchrun_says_1_where_the_node_agent_keeps_75(tmp_path):
     assert not (tmp_path / "agent" / "summary.json").exists()
 
 
-@pytest.mark.slow
 def test_a_preempted_group_restarted_by_torchrun_resumes_and_finishes_exactly(tmp_path):
     reference = tmp_path / "reference"
     undisturbed = write_config(tmp_path, at=10**9)

@@ -211,8 +211,8 @@ def _attempt_store(timeout: datetime.timedelta) -> Any:
     """The store of a worker group that torchrun restarted (`--max-restarts`), with keys of
     its own; None for a first attempt. torchrun's workers share the agent's rendezvous store,
     and torch assumes each attempt gets a fresh one: the first attempt's peer addresses are
-    still in it, so a restarted group's gloo would connect to the dead workers' ports and
-    time out. A prefix per attempt (TORCHELASTIC_RESTART_COUNT) keeps the attempts apart."""
+    still in it, so a restarted rank that reads a peer's address before the peer rewrote it
+    connects to a dead worker's port and times out. A prefix per attempt (TORCHELASTIC_RESTART_COUNT) keeps the attempts apart."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or attempt == "0":
         return None
