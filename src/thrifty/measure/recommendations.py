@@ -117,6 +117,11 @@ def _straggler(e: Evidence) -> Recommendation | None:
 
 def _more_workers(e: Evidence, shares: dict[str, float]) -> Recommendation | None:
     share = shares["data_wait"]
+    s = e.straggler
+    if s is not None and s.data_bound and s.data_lag_seconds:
+        # This rank's data wait holds its wait for the straggler's loader, which has its own
+        # recommendation: only the rest is this rank's to shorten.
+        share = max(0.0, share - s.data_lag_seconds / e.step_seconds)
     if share < WORTH_A_RECOMMENDATION:
         return None
     wait = f"data wait is {_pct(share)} of step time"
