@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from thrifty.errors import ConfigError, ThriftyError
+from thrifty.plan.units import fmt_usd
 
 if TYPE_CHECKING:
     from thrifty.config import TrainConfig
@@ -239,11 +240,11 @@ def cost_lines(cost: FleetCost) -> list[str]:
         ]
         if on_demand is not None:
             lines.append(
-                f"  on-demand  {_usd(on_demand)} (${est.price_per_hour['on-demand']:,.2f}/h)"
+                f"  on-demand  {fmt_usd(on_demand)} (${est.price_per_hour['on-demand']:,.2f}/h)"
             )
         if spot is not None:
             lines.append(
-                f"  spot       {_usd(spot)} uninterrupted (${est.price_per_hour['spot']:,.2f}/h)"
+                f"  spot       {fmt_usd(spot)} uninterrupted (${est.price_per_hour['spot']:,.2f}/h)"
             )
     if cost.spot is not None:
         s = cost.spot
@@ -253,7 +254,7 @@ def cost_lines(cost: FleetCost) -> list[str]:
             else "too short for a checkpoint before the end to pay"
         )
         lines.append(
-            f"  expected   {_usd(s.spot_cost)} on spot with interruptions: "
+            f"  expected   {fmt_usd(s.spot_cost)} on spot with interruptions: "
             f"{s.expected_interruptions:.3g} expected in {_duration(s.expected_hours * 3600)}, "
             f"{every}"
         )
@@ -268,8 +269,3 @@ def _duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
-
-
-def _usd(dollars: float) -> str:
-    """Dollars to the cent, or to three figures below a dollar (a short job's cents)."""
-    return f"${dollars:,.2f}" if dollars >= 1 else f"${dollars:.3g}"

@@ -116,6 +116,14 @@ def fmt_dollars(value: float | None) -> str:
     return f"${value:,.2f}" if abs(value) < 1000 else f"${value:,.0f}"
 
 
+def fmt_usd(usd: float | None) -> str:
+    """Dollars, with three significant figures below $10 (a short run costs fractions of a
+    cent, and a cent is too coarse per token)."""
+    if usd is None:
+        return "-"
+    return f"${usd:,.2f}" if abs(usd) >= 10 else f"${usd:.3g}"
+
+
 def fmt_bytes(value: float) -> str:
     """Bytes as GiB (2**30) with two decimals, or MiB below 1 GiB."""
     if abs(value) >= 2**30:

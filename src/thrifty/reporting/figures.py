@@ -9,6 +9,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from thrifty.plan.units import fmt_usd
 from thrifty.reporting.runs import Run
 from thrifty.reporting.series import number, step_counts, unit_of
 
@@ -34,13 +35,6 @@ def fmt_seconds(seconds: float | None) -> str:
     if seconds < 3600:
         return f"{int(seconds // 60)} min {int(seconds % 60)} s"
     return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
-
-
-def fmt_usd(usd: float | None) -> str:
-    """Dollars, with three significant figures below $10 (a short run costs fractions of a cent)."""
-    if usd is None:
-        return "-"
-    return f"${usd:,.2f}" if abs(usd) >= 10 else f"${usd:.3g}"
 
 
 def fmt_figure(value: float) -> str:

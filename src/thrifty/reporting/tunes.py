@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-from thrifty.reporting.figures import Figure, fmt_seconds, fmt_usd
+from thrifty.plan.units import fmt_usd
+from thrifty.reporting.figures import Figure, fmt_seconds
 from thrifty.reporting.runs import Tune
 from thrifty.reporting.series import number
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from thrifty.plan.units import fmt_bytes, fmt_hours, fmt_pct
+from thrifty.plan.units import fmt_bytes, fmt_hours, fmt_pct, fmt_usd
 from thrifty.tuning.pricing import job_usd, usd_per_unit
 
 if TYPE_CHECKING:
@@ -172,7 +172,7 @@ def _figure_cells(result: TuneResult, t: Trial) -> list[str]:
         fmt_pct(t.mfu) if t.mfu is not None else "-",
     ]
     if priced:
-        return [*cells, _usd(f["usd_per_unit"]), _usd(f["job_usd"])]
+        return [*cells, fmt_usd(f["usd_per_unit"]), fmt_usd(f["job_usd"])]
     job = f["job_seconds"]
     return [*cells, _duration(job / 3600) if job is not None else "-"]
 
@@ -180,7 +180,7 @@ def _figure_cells(result: TuneResult, t: Trial) -> list[str]:
 def waterfall_table(w: Waterfall) -> Any:
     from thrifty.plan.report import levers_table
 
-    money = _usd if w.unit == "USD" else _duration
+    money = fmt_usd if w.unit == "USD" else _duration
     title = "From the baseline to the winner, lever by lever"
     return levers_table(w.plan, title, unit=w.unit, money=money, groups=False)
 
@@ -220,13 +220,6 @@ def _print_winner(out: Console, result: TuneResult) -> None:
             escape(f"  written to {result.winner_toml}: thrifty train {result.winner_toml}"),
             soft_wrap=True,
         )
-
-
-def _usd(value: float | None) -> str:
-    """Dollars with three significant figures below $10 (a cent is too coarse per token)."""
-    if value is None:
-        return "-"
-    return f"${value:,.3g}" if abs(value) < 10 else f"${value:,.2f}"
 
 
 def _duration(hours: float) -> str:
