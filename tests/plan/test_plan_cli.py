@@ -147,6 +147,27 @@ def test_spot_break_even_comes_from_the_exact_model(cli) -> None:
     )
 
 
+def test_a_job_shorter_than_one_interval_prints_the_same_spot_cost_with_or_without_checkpoints(
+    cli,
+) -> None:
+    # 11.3 min of work: the only save is the final one, which on-demand writes too. It was
+    # charged to spot alone: 1.177x, $4.47 beside $3.80 without checkpoints, break-even 3.55/h.
+    r = cli(
+        *("plan", "--params", "125M", "--tokens", "2.5B", "--instance", "p5.48xlarge"),
+        *("--advisor", "5-10%", "--save-seconds", "120"),
+    )
+    assert r.code == 0, r.err
+    rows = {
+        line.split("   ")[0].strip(): line.split("   ", 1)[1].strip()
+        for line in r.out.splitlines()
+        if line.startswith("  ") and "   " in line.strip()
+    }
+    assert rows["expected cost, spot"].startswith("$4.47 at $20.20/h")
+    assert rows["without checkpoints"].startswith("13.3 min, $4.47 expected")
+    assert rows["expected wall-clock"].startswith("13.3 min vs 13.3 min on-demand (1.00x")
+    assert rows["break-even rate"].startswith("4.51/h")
+
+
 def test_five_interruptions_an_hour_with_a_900_s_restart_is_planned_not_refused(cli) -> None:
     # Issue 14: refused before with "the job never finishes"; about 3.5x the work.
     r = cli(*JOB, "--interruptions-per-hour", "5", "--restart-seconds", "900", "--json")

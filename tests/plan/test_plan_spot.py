@@ -160,10 +160,10 @@ def test_spot_cost_is_price_times_expected_hours_and_beats_on_demand_at_low_rate
     assert plan.interval_seconds == pytest.approx(optimal_interval(0.05, 60), rel=0.01)
     assert plan.interval_source == "exact optimum"
     assert plan.spot_cost == pytest.approx(7.35 * plan.expected_hours)
-    assert plan.on_demand_cost == pytest.approx(72 * 32.77)
-    assert plan.checkpoint_overhead_hours == pytest.approx(plan.checkpoints * 60 / 3600)
+    assert plan.on_demand_cost == pytest.approx((72 + 60 / 3600) * 32.77)
+    assert plan.checkpoint_overhead_hours == pytest.approx((plan.checkpoints - 1) * 60 / 3600)
     assert plan.expected_hours == pytest.approx(
-        plan.work_hours
+        plan.on_demand_hours
         + plan.checkpoint_overhead_hours
         + plan.expected_interruptions * plan.lost_hours_per_interruption
     )
@@ -183,10 +183,12 @@ def test_spot_never_pays_when_it_is_not_cheaper() -> None:
 
 
 def test_without_checkpoints_a_job_restarts_from_scratch() -> None:
-    # lambda * W = 1: (e - 1) * (1/lambda + R) hours
-    assert no_checkpoint_hours(10, 0.1, 0) == pytest.approx((math.e - 1) * 10)
+    # lambda * (W + save) = 1: (e - 1) * (1/lambda + R) hours
+    assert no_checkpoint_hours(9.5, 0.1, 1800, 0) == pytest.approx((math.e - 1) * 10)
     plan = spot_economics(10, on_demand_per_hour=30, spot_per_hour=10, rate_per_hour=0.1)
-    assert plan.no_checkpoint_hours == pytest.approx((math.e - 1) * (10 + 600 / 3600))
+    assert plan.no_checkpoint_hours == pytest.approx(
+        math.expm1(0.1 * (10 + 60 / 3600)) * (10 + 600 / 3600)
+    )
     assert plan.no_checkpoint_cost > plan.spot_cost
 
 
@@ -210,3 +212,73 @@ def test_only_an_expected_time_beyond_a_float_is_refused_with_its_numbers() -> N
             100, on_demand_per_hour=30, spot_per_hour=10, rate_per_hour=100, interval_seconds=36600
         )
     assert "checkpoint more often (the optimum is 33 s)" in str(e.value)
+
+
+# A 125M model on 2.5B tokens on p5.48xlarge at 35% MFU: 676.75 s of work, shorter than one
+# optimal checkpoint interval at the advisor's 5-10% (about 90,000 s), so the only save is the
+# final one, which writes the finished model on spot and on on-demand alike.
+SHORT_JOB = {
+    "work_hours": 676.7487186890926 / 3600,
+    "on_demand_per_hour": 55.04,
+    "spot_per_hour": 20.2,
+    "rate_per_hour": rate_from_advisor("5-10%"),
+    "save_seconds": 120.0,
+}
+
+
+def _short_job_plan() -> object:
+    job = dict(SHORT_JOB)
+    return spot_economics(job.pop("work_hours"), **job)
+
+
+def test_a_job_shorter_than_one_interval_costs_on_spot_what_it_costs_without_checkpoints() -> None:
+    plan = _short_job_plan()
+    assert plan.checkpoints == 1  # the final save only
+    assert plan.checkpoint_overhead_hours == 0.0
+    assert plan.spot_cost == pytest.approx(plan.no_checkpoint_cost, rel=1e-12)
+    # the uninterrupted time is the work and the one save that both pricings pay; what spot
+    # adds beyond it is only what interruptions cost
+    uninterrupted = SHORT_JOB["work_hours"] + 120 / 3600
+    assert plan.on_demand_hours == pytest.approx(uninterrupted, rel=1e-12)
+    assert plan.on_demand_cost == pytest.approx(55.04 * uninterrupted, rel=1e-12)
+    lost = plan.expected_interruptions * plan.lost_hours_per_interruption
+    assert plan.spot_cost == pytest.approx(20.2 * (uninterrupted + lost), rel=1e-12)
+    assert plan.overhead_factor == pytest.approx(1.0, abs=1e-4)
+
+
+def test_the_final_save_is_paid_on_demand_as_well_as_on_spot() -> None:
+    # 10 h of work in 4 intervals of 2.5 h, each followed by a 600 s save: on-demand also writes
+    # the finished model once, so the checkpoint overhead is the 3 saves before the last.
+    plan = spot_economics(
+        10,
+        on_demand_per_hour=30,
+        spot_per_hour=10,
+        rate_per_hour=0.01,
+        save_seconds=600,
+        interval_seconds=9000,
+    )
+    assert plan.checkpoints == 4
+    assert plan.on_demand_hours == pytest.approx(10 + 600 / 3600)
+    assert plan.checkpoint_overhead_hours == pytest.approx(3 * 600 / 3600)
+    assert plan.overhead_factor == pytest.approx(plan.expected_hours / (10 + 600 / 3600))
+    assert plan.expected_hours == pytest.approx(
+        plan.on_demand_hours
+        + plan.checkpoint_overhead_hours
+        + plan.expected_interruptions * plan.lost_hours_per_interruption
+    )
+
+
+def test_without_checkpoints_the_finished_model_is_still_written_once() -> None:
+    # one segment of work and the final save, retried from scratch until it runs through
+    hours = no_checkpoint_hours(2, 0.5, 120, 600)
+    assert hours == pytest.approx((2 + 600 / 3600) * math.expm1(0.5 * (2 + 120 / 3600)))
+
+
+def test_break_even_on_a_short_job_compares_both_with_their_final_save() -> None:
+    plan = _short_job_plan()
+    # independent: the rate at which the best schedule's expected time over the work and the
+    # final save reaches on-demand over spot, 55.04 / 20.2
+    assert plan.break_even_rate_per_hour == pytest.approx(4.5142, rel=1e-4)
+    job = dict(SHORT_JOB, rate_per_hour=plan.break_even_rate_per_hour)
+    at = spot_economics(job.pop("work_hours"), **job)
+    assert at.spot_cost == pytest.approx(at.on_demand_cost, rel=1e-6)

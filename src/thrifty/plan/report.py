@@ -143,10 +143,10 @@ def scaling_table(s: Scaling) -> _RichTable:
 def spot_table(p: SpotPlan) -> _RichTable:
     rows = [
         ("interruption rate", _spot_rate(p)),
+        ("checkpoint interval", _interval(p)),
         (
-            "checkpoint interval",
-            f"{p.interval_seconds:,.0f} s ({p.interval_source}, {p.checkpoints:,} checkpoints); "
-            f"approximations: Young {p.young_seconds:,.0f} s, Daly {p.daly_seconds:,.0f} s",
+            "Young, Daly",
+            f"{p.young_seconds:,.0f} s, {p.daly_seconds:,.0f} s (first-order approximations)",
         ),
         ("expected interruptions", f"{p.expected_interruptions:.2f}"),
         (
@@ -156,8 +156,8 @@ def spot_table(p: SpotPlan) -> _RichTable:
         ("checkpoint overhead", fmt_hours(p.checkpoint_overhead_hours)),
         (
             "expected wall-clock",
-            f"{fmt_hours(p.expected_hours)} vs {fmt_hours(p.work_hours)} on-demand "
-            f"({p.overhead_factor:.2f}x)",
+            f"{fmt_hours(p.expected_hours)} vs {fmt_hours(p.on_demand_hours)} on-demand "
+            f"({p.overhead_factor:.2f}x; both write the finished model)",
         ),
         ("cost, on-demand", f"{fmt_dollars(p.on_demand_cost)} at ${p.on_demand_per_hour:,.2f}/h"),
         (
@@ -173,6 +173,19 @@ def spot_table(p: SpotPlan) -> _RichTable:
         ),
     ]
     return _kv("Spot economics", rows)
+
+
+def _interval(p: SpotPlan) -> str:
+    """The interval, and how many saves it makes: the last writes the finished model."""
+    if p.checkpoints == 1:
+        return (
+            f"none: the job's {fmt_hours(p.work_hours)} of work is one interval, then the final "
+            f"save ({p.interval_source})"
+        )
+    return (
+        f"{p.interval_seconds:,.0f} s ({p.interval_source}): {p.checkpoints - 1:,} checkpoints "
+        "and the final save"
+    )
 
 
 def _spot_rate(p: SpotPlan) -> str:

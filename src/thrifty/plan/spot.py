@@ -21,7 +21,11 @@ The expectation is finite at every rate; it is refused only where it overflows a
 Young (1974): tau = sqrt(2*delta*M) and Daly (2006): tau = sqrt(2*delta*M) * [1 +
 1/3*sqrt(delta/(2M)) + 1/9*(delta/(2M))] - delta for delta < 2M, else tau = M (M = 1/lambda)
 are first-order approximations of tau*, kept as interval formulas.
-Without checkpoints the whole job is one segment without a save: (1/lambda + R)(e^(lambda*W) - 1).
+
+The finished model is written whatever the pricing, so every comparison charges the final save
+to both sides: on-demand takes W + delta, a job without checkpoints is one segment of W + delta,
+(1/lambda + R)(e^(lambda*(W + delta)) - 1), and only the saves before the last are checkpoint
+overhead. A job shorter than one interval therefore costs the same with or without checkpoints.
 """
 
 from __future__ import annotations
@@ -228,18 +232,26 @@ def _hours(schedule: Schedule, rate_per_hour: float, save_s: float, restart_s: f
     return interruptions * (1.0 / rate_s + restart_s) / SECONDS_PER_HOUR
 
 
-def no_checkpoint_hours(work_hours: float, rate_per_hour: float, restart_s: float) -> float:
-    """Expected wall time in hours when every interruption restarts the job from scratch."""
-    exponent = rate_per_hour * work_hours
+def no_checkpoint_hours(
+    work_hours: float, rate_per_hour: float, save_s: float, restart_s: float
+) -> float:
+    """Expected wall time in hours when every interruption restarts the job from scratch: one
+    segment of the work and the save that writes the finished model."""
+    exponent = rate_per_hour * (work_hours + save_s / SECONDS_PER_HOUR)
     return _retries(exponent) * (1.0 / rate_per_hour + restart_s / SECONDS_PER_HOUR)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SpotPlan:
     """Expected spot cost beside on-demand. Hours are wall-clock; prices USD per hour for the
-    whole job; rates are interruptions per hour (`rate_per_hour` is the job's)."""
+    whole job; rates are interruptions per hour (`rate_per_hour` is the job's).
+
+    Both pricings write the finished model once: `on_demand_hours` is the work and that save,
+    `checkpoints` counts every save (the last is that one), `checkpoint_overhead_hours` the
+    saves before it."""
 
     work_hours: float
+    on_demand_hours: float
     instances: int
     rate_per_instance_per_hour: float
     rate_per_hour: float
@@ -266,8 +278,9 @@ class SpotPlan:
 
     @property
     def overhead_factor(self) -> float:
-        """Expected wall time over work time on spot (>= 1)."""
-        return self.expected_hours / self.work_hours
+        """Expected wall time on spot over the uninterrupted time on-demand (>= 1): spot's
+        cost over on-demand's is its price ratio times this."""
+        return self.expected_hours / self.on_demand_hours
 
     def as_dict(self) -> dict[str, object]:
         data = asdict(self)
@@ -311,13 +324,15 @@ def spot_economics(
     if not math.isfinite(hours):
         raise _never_finishes(rate, schedule, save, given)
     interruptions = schedule.expected_interruptions(rate / SECONDS_PER_HOUR, save)
-    overhead = schedule.count * save / SECONDS_PER_HOUR
-    no_ckpt = no_checkpoint_hours(work, rate, restart)
+    saves = schedule.count * save / SECONDS_PER_HOUR
+    on_demand_hours = work + save / SECONDS_PER_HOUR  # the finished model is written either way
+    no_ckpt = no_checkpoint_hours(work, rate, save, restart)
     break_even = break_even_rate(
         od, spot, save, restart, schedule.interval_seconds if given else None, work_hours=work
     )
     return SpotPlan(
         work_hours=work,
+        on_demand_hours=on_demand_hours,
         instances=instances,
         rate_per_instance_per_hour=float(rate_per_hour),
         rate_per_hour=rate,
@@ -329,12 +344,12 @@ def spot_economics(
         save_seconds=save,
         restart_seconds=restart,
         expected_interruptions=interruptions,
-        lost_hours_per_interruption=(hours - work - overhead) / interruptions,
-        checkpoint_overhead_hours=overhead,
+        lost_hours_per_interruption=(hours - work - saves) / interruptions,
+        checkpoint_overhead_hours=saves - save / SECONDS_PER_HOUR,
         expected_hours=hours,
         on_demand_per_hour=od,
         spot_per_hour=spot,
-        on_demand_cost=od * work,
+        on_demand_cost=od * on_demand_hours,
         spot_cost=spot * hours,
         break_even_rate_per_hour=break_even,
         break_even_rate_per_instance_per_hour=None
@@ -343,7 +358,7 @@ def spot_economics(
         no_checkpoint_hours=no_ckpt,
         no_checkpoint_cost=spot * no_ckpt,
         assumptions=_assumptions(
-            rate_per_hour, instances, schedule, given, save, restart, hours / work
+            rate_per_hour, instances, schedule, given, save, restart, hours / on_demand_hours
         ),
     )
 
@@ -381,7 +396,8 @@ def _assumptions(
     factor: float,
 ) -> list[str]:
     rate = rate_per_instance * instances
-    source = "given" if given else f"exact optimum: the work in {schedule.count:,} equal intervals"
+    parts = "1 interval" if schedule.count == 1 else f"{schedule.count:,} equal intervals"
+    source = "given" if given else f"exact optimum: the work in {parts}"
     fleet = (
         f"{instances} instances x {rate_per_instance:.4g}/h = {rate:.4g}/h for the job "
         "(any interruption stops it)"
@@ -396,7 +412,8 @@ def _assumptions(
         f"checkpoint every {schedule.interval_seconds:.0f} s ({source}), save {save:g} s, "
         f"restart {restart:g} s",
         "Young and Daly intervals are first-order approximations, shown for reference",
-        "on-demand runs without interruptions or checkpoint overhead",
+        f"on-demand runs without interruptions; it writes the finished model too (one {save:g} s "
+        "save), so both pay the final save and only the saves before it are checkpoint overhead",
         f"spot overhead factor {factor:.3f} ({fmt_pct(factor - 1)} more hours)",
     ]
 
@@ -413,9 +430,10 @@ def break_even_rate(
     """The job's interruptions per hour above which spot costs more than on-demand (None: spot
     never pays), from the exact expected time.
 
-    For a job of `work_hours` (None: per hour of work in a long job). The interval is the
-    optimum at each rate unless `interval_seconds` is fixed. Found by bisection on log(rate):
-    the expected time rises monotonically with the rate.
+    For a job of `work_hours` (None: per hour of work in a long job), whose on-demand time
+    includes the final save as spot's does. The interval is the optimum at each rate unless
+    `interval_seconds` is fixed. Found by bisection on log(rate): the expected time rises
+    monotonically with the rate.
     """
     if spot_per_hour >= on_demand_per_hour:
         return None
@@ -444,11 +462,12 @@ def break_even_rate(
 def _time_multiple(
     rate: float, save: float, restart: float, interval: float | None, work_hours: float | None
 ) -> float:
-    """Expected wall time over work time at `rate` interruptions per hour."""
+    """Expected wall time on spot over the on-demand time (the work and the final save) at
+    `rate` interruptions per hour; per unit of work in a long job without `work_hours`."""
     rate_s = rate / SECONDS_PER_HOUR
     if work_hours is None:
         tau = interval or optimal_interval(rate, save)
         return _retries(rate_s * (tau + save)) * (1.0 / rate_s + restart) / tau
     work = work_hours * SECONDS_PER_HOUR
     schedule = Schedule.fixed(work, interval) if interval else Schedule.best(work, rate, save)
-    return _hours(schedule, rate, save, restart) / work_hours
+    return _hours(schedule, rate, save, restart) / (work_hours + save / SECONDS_PER_HOUR)
