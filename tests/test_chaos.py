@@ -12,6 +12,8 @@ import torch
 
 from thrifty.cli import main
 from thrifty.commands.chaos import Attempt, compare_states, plan_kills, print_report
+from thrifty.commands.chaos.report import effective_time_line
+from thrifty.commands.chaos.timing import effective_time
 from thrifty.errors import ThriftyError
 from thrifty.run.directory import read_metrics
 
@@ -97,7 +99,7 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_two_kills_resume_to_the_same_bits(capsys, project):
+def test_two_kills_resume_to_the_same_bits_and_report_the_effective_training_time(capsys, project):
     code, out, err = run_cli(
         capsys, "chaos", "tiny.toml", "--kills", "2", "--every", str(EVERY), "--seed", "3", "--json"
     )
@@ -122,13 +124,32 @@ def test_two_kills_resume_to_the_same_bits(capsys, project):
     resumed = [r["step"] for r in chaos_metrics if r.get("event") == "resumed"]
     assert resumed == [k["resumed"] for k in kills]
     # The metrics of the steps run twice were replaced: one record per step, as in the reference.
-    assert sorted(r["step"] for r in chaos_metrics if "loss" in r) == list(range(1, 41))
+    steps = [r for r in chaos_metrics if "loss" in r]
+    assert sorted(r["step"] for r in steps) == list(range(1, 41))
+    # Effective training time: each surviving step's time once, over every attempt's wall time.
+    effective = report["effective_time"]
+    attempts = effective["attempt_seconds"]
+    assert len(attempts) == 3  # two killed, one to the end
+    assert all(a >= k["moment"] for a, k in zip(attempts, kills, strict=False))
+    useful = sum(r["step_seconds"] for r in steps)
+    assert effective["useful_step_seconds"] == pytest.approx(useful, abs=1e-3)
+    assert effective["wall_seconds"] == pytest.approx(sum(attempts), abs=1e-2)
+    assert effective["fraction"] == pytest.approx(useful / sum(attempts), rel=1e-3)
+    assert 0 < effective["fraction"] < 1
+    reference = read_metrics(project / "runs" / "chaos-tiny" / "reference" / "metrics.jsonl")
+    ref_useful = sum(r["step_seconds"] for r in reference if "loss" in r)
+    ref_wall = report["reference"]["wall_seconds"]
+    assert effective["reference_fraction"] == pytest.approx(ref_useful / ref_wall, rel=1e-3)
+    assert effective["seconds_per_kill"] == pytest.approx((sum(attempts) - ref_wall) / 2, abs=1e-2)
     # The table people read (what the command prints without --json).
     print_report(report)
     table = capsys.readouterr().out
     assert "thrifty chaos: 2 of 2 kills" in table
     assert "loss at every step: identical (40 steps)" in table
     assert "final weights match bit for bit: yes" in table
+    percent = f"{100 * effective['fraction']:.0f}%"
+    assert f"effective training time: {percent} (" in table
+    assert f"in {effective['wall_seconds']:.1f} s over 3 attempts, relaunches included" in table
 
 
 def test_an_out_dir_that_holds_a_chaos_run_is_refused(capsys, project):
@@ -258,3 +279,23 @@ def test_states_are_compared_bit_for_bit():
     assert "float32" in compare_states(a, b)["model"]["differs"][0]
     b["model"] = {"w": a["model"]["w"]}
     assert compare_states(a, b)["model"]["differs"] == ["model.b"]
+
+
+def test_the_effective_time_counts_each_surviving_step_once_over_every_attempts_wall_time():
+    # Steps 1-4 survive (the records of steps redone after a kill were replaced on resume).
+    records = [{"step": s, "loss": 1.0, "step_seconds": 0.5} for s in range(1, 5)]
+    records.insert(2, {"step": 2, "event": "resumed", "step_seconds": 9.0})  # not a step
+    reference = [{"step": s, "loss": 1.0, "step_seconds": 0.5} for s in range(1, 5)]
+    effective = effective_time(records, [1.5, 2.5, 1.0], reference, 2.5)
+    assert effective == {
+        "useful_step_seconds": 2.0,
+        "wall_seconds": 5.0,
+        "attempt_seconds": [1.5, 2.5, 1.0],
+        "fraction": 0.4,
+        "reference_fraction": 0.8,
+        "seconds_per_kill": 1.25,
+    }
+    assert effective_time_line(effective) == (
+        "effective training time: 40% (2.0 s of steps in 5.0 s over 3 attempts, relaunches "
+        "included; the reference run: 80%); each kill cost 1.2 s"
+    )

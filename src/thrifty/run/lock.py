@@ -5,13 +5,19 @@ other's checkpoints. `RunLock` stops the second one at once, with a message nami
 
 - A local directory gets `<dir>/.thrifty.lock`, held with `flock` on a descriptor kept open for
   the life of the run. The kernel drops the lock when the process dies, so a killed run never
-  blocks the next one. The file records the holder (host, pid, start time) for the message.
+  blocks the next one. The file records the holder (host, pid, start time, engine job) for the
+  message.
 - Where `flock` is unsupported (some network file systems), the file's existence is the lock
-  (O_CREAT|O_EXCL), touched every ttl/3. It is stale when its holder on this host is gone (or its
-  pid now belongs to another process), or, for a holder on another host, when nobody touched it
-  for a ttl. Stale locks are taken over with a warning.
+  (O_CREAT|O_EXCL), touched every ttl/4. It is stale when its holder is gone (`Holder.why_gone`:
+  on this host, its process ended; on another, the engine relaunched its job), or when nobody
+  touched it for a ttl. Stale locks are taken over with a warning.
 - An object store location (s3://, gs://, ...) gets a lease object `<location>/.thrifty-lease.json`
-  with an expiry, renewed every ttl/3; a lease past its expiry is taken over with a warning.
+  with an expiry, renewed every ttl/4 by a background thread (nothing per training step). It is
+  taken over with a warning at once when its holder is gone, as above, else once it expired: a
+  machine that died without notice blocks another job for at most a ttl (60 s by default).
+
+A relaunch therefore resumes at once: the engine's next attempt of the same job, or a restart
+on the same machine, takes over; only a different job waits for the lease to lapse.
 
 Residual races, by design: object stores offer no compare-and-swap through fsspec, so a lease is
 written, read back after `settle_seconds` and kept only if it is still ours. Two processes that
@@ -26,26 +32,40 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import re
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from thrifty.errors import ThriftyError
+from thrifty.run.holder import Holder, boot_id, pid_alive, process_start
+
+__all__ = [
+    "DEFAULT_TTL_SECONDS",
+    "LEASE_FILE",
+    "LOCK_FILE",
+    "Holder",
+    "RunInUseError",
+    "RunLock",
+    "boot_id",
+    "pid_alive",
+    "process_start",
+]
 
 log = logging.getLogger("thrifty.run.lock")
 
 LOCK_FILE = ".thrifty.lock"
 LEASE_FILE = ".thrifty-lease.json"
-DEFAULT_TTL_SECONDS = 600.0
+# A lease lapses this long after its holder's last renewal: how long a machine that died without
+# notice blocks another job (a relaunch of its own job takes over at once).
+DEFAULT_TTL_SECONDS = 60.0
+# Renewals per ttl: a renewal that fails (a bucket's hiccup) leaves two more before it lapses.
+RENEWALS_PER_TTL = 4
 SETTLE_SECONDS = 1.0
 # A dead holder's forked children (data loader workers) keep its flock until they notice.
 STALE_WAIT_SECONDS = 10.0
@@ -55,108 +75,6 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # as checkpoint.storage.is_re
 
 class RunInUseError(ThriftyError):
     """Another process holds the run directory or checkpoint location; the message names it."""
-
-
-# --- who holds a lock ----------------------------------------------------------------------------
-
-
-def _stat_fields(pid: int) -> list[str]:
-    """/proc/<pid>/stat from field 3 (the state) on; empty where there is no such file."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode(errors="replace")
-    except OSError:
-        return []
-    # Field 2 (the command) may hold spaces and parentheses: count fields after the last ")".
-    return stat.rsplit(")", 1)[-1].split()
-
-
-def process_start(pid: int) -> int | None:
-    """When `pid` started, in clock ticks after boot (/proc/<pid>/stat field 22), or None.
-
-    Together with the pid it names one process: a reused pid has another start time.
-    """
-    fields = _stat_fields(pid)
-    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
-
-
-def boot_id() -> str | None:
-    """This boot's random id (Linux), or None: a pid from before a reboot is gone."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
-
-def pid_alive(pid: int) -> bool:
-    """True when a process with this pid exists on this host (whoever owns it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, and belongs to another user
-        return True
-    except OSError:
-        return False
-    return _stat_fields(pid)[:1] != ["Z"]  # a zombie has ended; only its exit status is left
-
-
-@dataclass(frozen=True, slots=True)
-class Holder:
-    """The process that holds a lock: written into the lock file or lease object."""
-
-    host: str
-    pid: int
-    started: str  # when it took the lock: ISO 8601, UTC
-    token: str  # unique per RunLock: tells our own lease from another's
-    process_start: int | None = None  # clock ticks after boot; None off Linux
-    boot_id: str | None = None
-    expires: float | None = None  # leases only: seconds since the epoch
-
-    @classmethod
-    def me(cls) -> Holder:
-        pid = os.getpid()
-        return cls(
-            host=socket.gethostname(),
-            pid=pid,
-            started=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            token=uuid.uuid4().hex,
-            process_start=process_start(pid),
-            boot_id=boot_id(),
-        )
-
-    @classmethod
-    def parse(cls, data: bytes) -> Holder | None:
-        """The holder recorded in `data`, or None when it is empty or unreadable."""
-        try:
-            record = json.loads(data)
-            holder = cls(**{k: v for k, v in record.items() if k in cls.__dataclass_fields__})
-        except (ValueError, TypeError, AttributeError):
-            return None
-        return holder if isinstance(holder.pid, int) else None
-
-    def to_bytes(self) -> bytes:
-        return (json.dumps(asdict(self), indent=1) + "\n").encode()
-
-    def describe(self) -> str:
-        """'pid 1234 on host h since 2026-...', noting when that is this very process."""
-        text = f"pid {self.pid} on host {self.host} since {self.started}"
-        if self.host == socket.gethostname() and self.pid == os.getpid():
-            text += " (this process: another run in it still holds the lock)"
-        return text
-
-    def gone(self) -> bool:
-        """True when this holder ran on this host and no longer runs (False if unknowable)."""
-        if self.host != socket.gethostname():
-            return False
-        now_boot = boot_id()
-        if self.boot_id and now_boot and self.boot_id != now_boot:
-            return True
-        if not pid_alive(self.pid):
-            return True
-        started = process_start(self.pid)
-        return None not in (started, self.process_start) and started != self.process_start
 
 
 class _Part(Protocol):
@@ -295,10 +213,14 @@ class _LocalLock:
             return
         raise self.in_use(self._holder_on_disk())
 
-    def _stale(self, holder: Holder | None, age: float) -> bool:
-        if holder is not None and holder.host == self.holder.host:
-            return holder.gone()
-        return age > self.ttl  # another host's holder touches it every ttl/3 while it lives
+    def _stale(self, holder: Holder | None, age: float) -> str | None:
+        """Why the lock file is stale (for the warning), or None while its holder may live."""
+        if holder is not None:
+            why = self.holder.why_gone(holder)
+            if why is not None or holder.host == self.holder.host:
+                return why
+        # Another host's holder touches it every ttl/4 while it lives.
+        return f"untouched for {age:.0f} s" if age > self.ttl else None
 
     def _move_aside_if_stale(self) -> None:
         """Raise when the lock file is live; move a stale one out of the way."""
@@ -307,7 +229,8 @@ class _LocalLock:
             return  # released meanwhile
         data, age = found
         holder = Holder.parse(data)
-        if not self._stale(holder, age):
+        why = self._stale(holder, age)
+        if why is None:
             raise self.in_use(holder)
         # Renaming is atomic: of two processes taking over the same stale file, one moves it.
         aside = f"{self.path}.stale-{self.holder.token}"
@@ -324,7 +247,7 @@ class _LocalLock:
             raise self.in_use(Holder.parse(moved))
         os.unlink(aside)
         who = holder.describe() if holder else "an unknown process"
-        log.warning("took over the stale lock on %s from %s", self.label, who)
+        log.warning("took over the stale lock on %s from %s, %s", self.label, who, why)
 
     def renew(self) -> None:
         found = _read(self.path)
@@ -397,9 +320,16 @@ class _Lease:
     def acquire(self) -> None:
         current = self._current()
         if current is not None and current.token != self.holder.token:
-            if (current.expires or 0.0) > time.time():
+            why = self.holder.why_gone(current)
+            if why is None and (current.expires or 0.0) > time.time():
                 raise self.in_use(current)
-            log.warning("took over the expired lease on %s from %s", self.label, current.describe())
+            log.warning(
+                "took over the %s on %s from %s%s",
+                "lease" if why else "expired lease",
+                self.label,
+                current.describe(),
+                f", {why}" if why else "",
+            )
         self._write()
         # No compare-and-swap: let a concurrent writer land, then keep the lease only if ours.
         time.sleep(self.settle)
@@ -434,9 +364,10 @@ class RunLock:
 
     Use as a context manager, or call `acquire()` and `release()`. `acquire` raises
     `RunInUseError` naming the holder when another live process has either one; `run_dir_fix`
-    is the way out its message gives for a run directory in use. Leases and
-    fallback lock files are renewed every `ttl_seconds / 3` by a daemon thread; `lost` says so
-    if another process took one over meanwhile (it is None while all is well).
+    is the way out its message gives for a run directory in use. Leases and fallback lock files
+    last `ttl_seconds` and are renewed every `renew_seconds` (a quarter of that) by a daemon
+    thread, off the training's path; `lost` says so if another process took one over meanwhile
+    (it is None while all is well).
     """
 
     def __init__(
@@ -460,6 +391,11 @@ class RunLock:
         self._parts: list[_Part] = []
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+
+    @property
+    def renew_seconds(self) -> float:
+        """Seconds between renewals of a lease or fallback lock file."""
+        return self.ttl_seconds / RENEWALS_PER_TTL
 
     @property
     def held(self) -> bool:
@@ -533,7 +469,7 @@ class RunLock:
         return self
 
     def _renew_forever(self) -> None:
-        while not self._stop.wait(self.ttl_seconds / 3):
+        while not self._stop.wait(self.renew_seconds):
             for part in self._parts:
                 if part.needs_renewal:
                     part.renew()

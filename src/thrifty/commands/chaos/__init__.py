@@ -1,5 +1,6 @@
 """`thrifty chaos`: SIGKILL a training job at random moments, resume it after each kill, and check
-that it ends with the same bits as a run that was never interrupted.
+that it ends with the same bits as a run that was never interrupted; and say what the kills cost
+in time (the effective training time: its steps' time over the wall time of all its attempts).
 
 Both runs train the same resolved config (`<out>/config.toml`) in child processes
 (`python -m thrifty train`), so a kill is what a reclaimed spot machine does: no signal handler,
@@ -65,8 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "bit for bit against an uninterrupted run",
         description="Train CONFIG once without interruption, then again while SIGKILLing it "
         "--kills times at random moments (some during checkpoint saves) and resuming after "
-        "each kill; print the steps each kill lost and whether the final weights match the "
-        "uninterrupted run bit for bit. Exit codes: 0 identical, 1 different (or the "
+        "each kill; print the steps each kill lost, the effective training time (the useful "
+        "steps' time over the wall time, relaunches included) and whether the final weights "
+        "match the uninterrupted run bit for bit. Exit codes: 0 identical, 1 different (or the "
         "interrupted run failed to resume), 2 bad input.",
     )
     chaos.add_argument("config", metavar="CONFIG.toml")

@@ -35,6 +35,8 @@ def print_report(report: Mapping[str, Any]) -> None:
     console.print(_kills_table(report))
     if report.get("finished_before_kill"):
         console.print(f"the run finished before kill {report['finished_before_kill']} could land")
+    if report.get("effective_time"):
+        console.print(effective_time_line(report["effective_time"]), soft_wrap=True)
     if "state" in report:
         _print_comparison(console, report)
     if report["failure"]:
@@ -113,3 +115,20 @@ def _cut_short(kill: Mapping[str, Any]) -> str:
     parts = [f"save {s}" for s in kill["torn_saves"]]
     parts += [f"delete {s}" for s in kill["cut_deletions"]]
     return ", ".join(parts) or "-"
+
+
+def effective_time_line(effective: Mapping[str, Any]) -> str:
+    """'effective training time: 71% (12.3 s of steps in 17.3 s over 3 attempts, ...)'."""
+    text = (
+        f"effective training time: {_percent(effective['fraction'])} "
+        f"({effective['useful_step_seconds']:.1f} s of steps in "
+        f"{effective['wall_seconds']:.1f} s over {len(effective['attempt_seconds'])} attempts, "
+        f"relaunches included; the reference run: {_percent(effective['reference_fraction'])})"
+    )
+    if effective["seconds_per_kill"] is not None:
+        text += f"; each kill cost {effective['seconds_per_kill']:.1f} s"
+    return text
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{100 * fraction:.0f}%"

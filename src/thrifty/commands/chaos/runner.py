@@ -18,6 +18,7 @@ from typing import Any
 
 from thrifty.commands.chaos.compare import compare_runs
 from thrifty.commands.chaos.kills import Kill, plan_kills
+from thrifty.commands.chaos.timing import effective_time
 from thrifty.commands.children import Child, Children
 from thrifty.commands.common import say
 from thrifty.errors import ThriftyError
@@ -207,7 +208,7 @@ def run_both(
     run = KilledRun(out, config, children, args.timeout or 3 * ref.wall_seconds + 60)
     rng = random.Random(args.seed + 1)
     failure, finished_early = _kill_and_resume(run, kills, args.every, ref.step_seconds, rng)
-    return _report(args, out, dropped, ref, kills, failure, finished_early)
+    return _report(args, out, dropped, ref, kills, failure, finished_early, run.attempt_seconds)
 
 
 def _start_training(
@@ -277,6 +278,7 @@ class KilledRun:
         self.folders = Folders()
         self.before: list[bytes] = []  # the previous attempt's metrics lines, as it left them
         self.attempts = 0
+        self.attempt_seconds: list[float] = []  # each ended attempt's, from start to exit
 
     def start(self) -> Child:
         self.attempts += 1
@@ -284,8 +286,9 @@ class KilledRun:
         log = self.out / f"chaos-{n}.log"
         return _start_training(self.children, self.config, self.dir, log, f"attempt {n}")
 
-    def settle(self) -> Attempt:
+    def settle(self, job: Child) -> Attempt:
         """What the attempt that just ended logged; the next one starts from these lines."""
+        self.attempt_seconds.append(job.elapsed)
         self.metrics.update()
         seen = Attempt(self.before)
         seen.update(self.metrics.lines)
@@ -301,7 +304,7 @@ def _kill_and_resume(
     for i, kill in enumerate(kills):
         job = run.start()
         code = _drive(job, kill, run, every, step_seconds, rng)
-        seen = run.settle()
+        seen = run.settle(job)
         if i > 0:
             kills[i - 1].set_resumed(seen.resumed)
         if code is not None:  # it ended on its own before the kill
@@ -316,7 +319,7 @@ def _kill_and_resume(
         )
     job = run.start()
     code = _wait(job, run.timeout)
-    kills[-1].set_resumed(run.settle().resumed)
+    kills[-1].set_resumed(run.settle(job).resumed)
     return (_failed(job, code) if code != 0 else None), None
 
 
@@ -372,8 +375,10 @@ def _report(
     kills: list[Kill],
     failure: str | None,
     finished_early: int | None,
+    attempt_seconds: list[float],
 ) -> dict[str, Any]:
-    """What chaos.json holds and `--json` prints."""
+    """What chaos.json holds and `--json` prints; `attempt_seconds` are the killed run's
+    attempts' wall times."""
     from thrifty.run.directory import read_metrics
 
     done = [k for k in kills if k.moment is not None]
@@ -392,10 +397,14 @@ def _report(
         "kills": [asdict(k) for k in done],
         "finished_before_kill": finished_early,
         "failure": failure,
+        "effective_time": None,
     }
     if failure is None:
         chaos_records = read_metrics(out / "chaos" / "metrics.jsonl")
         report.update(compare_runs(out / "reference", out / "chaos", ref.records, chaos_records))
+        report["effective_time"] = effective_time(
+            chaos_records, attempt_seconds, ref.records, ref.wall_seconds
+        )
     else:
         report.update(weights_match=False, match=False)
     first = report.get("first_loss_difference")
