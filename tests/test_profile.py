@@ -170,6 +170,8 @@ def diagnosed(tmp_path, model, data, micro, steps=6):
 def test_slow_items_are_diagnosed_as_data_loading(tmp_path, monkeypatch):
     clock = VirtualClock()
     time_trainer_with(monkeypatch, clock)
+    # 8 CPUs on any machine: one worker alone, 160 ms a batch, would not shorten the step.
+    monkeypatch.setattr("thrifty.measure.instruments.available_cpus", lambda: 8)
     model = Costed(Regressor(16), clock, forward=0.5e-3, backward=1e-3)
     d = diagnosed(tmp_path, model, SlowItems(clock), micro=8).diagnosis
     assert d.bottleneck == "data_loading"

@@ -8,6 +8,7 @@ import pytest
 
 from thrifty.errors import ThriftyError
 from thrifty.measure.diagnosis import BOTTLENECKS, Evidence, diagnose
+from thrifty.measure.loader_workers import WORKER_HANDOFF_SECONDS
 
 GIB = 2**30
 
@@ -140,15 +141,26 @@ def test_workers_are_suggested_from_measured_fetch_time_and_capped_at_the_cpus()
     assert diagnosis.bottleneck == "data_loading"
     data = diagnosis.recommendations[0]
     assert data.area == "data"
-    assert "data wait is 41% of step time: raise data.num_workers from 2 to 6" in data.text
+    assert data.text.startswith(
+        "data wait is 41% of step time (41.0 ms of 100.0 ms per step): raise data.num_workers "
+        "from 2 to 6"
+    )
     assert "measured fetch 300.0 ms/batch" in data.text
     assert "1.7× faster" in data.expected  # 100 ms → 59 ms
+    # A process fetching 300 ms a batch in a 359 ms step: 6 workers would keep up with 59 ms
+    # of compute (and a few ms to take each batch from a worker), 3 of 4 CPUs are all there is.
     capped = diagnose(
         _compute_heavy(
-            data_wait_seconds=0.041, num_workers=2, cpus=4, fetch_seconds_per_batch={0: 0.300}
+            step_seconds=0.359,
+            data_wait_seconds=0.300,
+            num_workers=0,
+            cpus=4,
+            fetch_seconds_per_batch={0: 0.300},
         )
     ).recommendations[0]
-    assert "to 3" in capped.text and "capped at 3 of 4 CPUs" in capped.text
+    assert "from 0 to 3" in capped.text and "capped at 3 of 4 CPUs" in capped.text
+    handoff = WORKER_HANDOFF_SECONDS  # what taking a batch from a worker costs the loop
+    assert capped.figures["modelled_step_seconds"] == pytest.approx((0.300 + handoff) / 3)
 
 
 def test_workers_already_at_the_cpu_limit_make_items_cheaper_instead() -> None:

@@ -22,6 +22,7 @@ _EXPORTS = {
     "bf16_speedup": "thrifty.measure.peak",
     "SystemSampler": "thrifty.measure.system",
     "Evidence": "thrifty.measure.diagnosis",
+    "LeverMeasurement": "thrifty.measure.diagnosis",
     "Diagnosis": "thrifty.measure.diagnosis",
     "Recommendation": "thrifty.measure.diagnosis",
     "diagnose": "thrifty.measure.diagnosis",

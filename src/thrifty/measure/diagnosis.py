@@ -30,7 +30,10 @@ With several ranks, a straggler (`thrifty.measure.stragglers`: one rank slower t
 at its own work, interval after interval, by more than `measure.straggler_threshold`) is named
 beside the bottleneck, with what the other ranks' wait for it costs.
 
-Recommendations (`thrifty.measure.recommendations`) are ordered data → memory → compute.
+Recommendations (`thrifty.measure.recommendations`) are ordered data → memory → compute, and
+none goes against the measurement: a gain is recommended only when it exceeds the noise of the
+figures it rests on (their spread across logging intervals, quoted as ±), and on a CPU bf16
+and torch.compile only where a measurement showed them faster.
 
 Units: seconds per optimizer step (means over the measured steps), bytes, FLOPs per step.
 """
@@ -40,12 +43,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from thrifty.measure.evidence import COMPUTE_PHASES, PHASES, Evidence
+from thrifty.measure.evidence import COMPUTE_PHASES, PHASES, Evidence, LeverMeasurement
 from thrifty.measure.evidence import gib as _gib
 from thrifty.measure.evidence import ms as _ms
 from thrifty.measure.evidence import pct as _pct
 from thrifty.measure.evidence import us as _us
-from thrifty.measure.recommendations import Recommendation, recommend
+from thrifty.measure.recommendations import Recommendation, recommend, unmeasured_on_cpu
 
 __all__ = [
     "BOTTLENECKS",
@@ -53,6 +56,7 @@ __all__ = [
     "Bottleneck",
     "Diagnosis",
     "Evidence",
+    "LeverMeasurement",
     "Recommendation",
     "diagnose",
 ]
@@ -117,7 +121,7 @@ def diagnose(evidence: Evidence) -> Diagnosis:
     recommendations = recommend(evidence, shares, bottleneck)
     return Diagnosis(
         bottleneck=bottleneck,
-        evidence=[reason, *_facts(evidence, shares)],
+        evidence=[reason, *_facts(evidence, shares), *_lever_facts(evidence, bottleneck)],
         recommendations=recommendations,
         breakdown=shares,
         mfu=evidence.mfu,
@@ -184,8 +188,9 @@ def _classify(e: Evidence, shares: dict[str, float]) -> tuple[Bottleneck, str]:
 
 def _facts(e: Evidence, shares: dict[str, float]) -> list[str]:
     facts = [
-        f"step {_ms(e.step_seconds)} over {e.steps} measured step(s): "
-        + ", ".join(f"{p.replace('_', ' ')} {_pct(s)}" for p, s in shares.items())
+        f"step {e.figure('step')} over {e.steps} measured step(s): "
+        + ", ".join(f"{p.replace('_', ' ')} {_pct(s)}" for p, s in shares.items()),
+        *_noise_fact(e),
     ]
     if e.mfu is not None:
         facts.append(
@@ -238,6 +243,46 @@ def _facts(e: Evidence, shares: dict[str, float]) -> list[str]:
             fact += ": it swings, the signature of a starved loader"
         facts.append(fact)
     return facts + _rank_facts(e)
+
+
+def _noise_fact(e: Evidence) -> list[str]:
+    """What the ± figures are."""
+    if e.spread_seconds is None:
+        return []
+    windows = e.spread_windows or 0
+    if windows >= 2:
+        return [
+            f"± is the noise: how far a figure's mean per step moved between the {windows} "
+            "logging intervals (standard deviation); a gain smaller than it is not recommended"
+        ]
+    return [
+        "± is the noise: with a single logging interval, the step time's spread from step to "
+        "step stands for every figure; a gain smaller than it is not recommended"
+    ]
+
+
+def _lever_facts(e: Evidence, bottleneck: Bottleneck) -> list[str]:
+    """Levers measured without and with, and the ones left unrecommended on a CPU for want of
+    a measurement (where a GPU would have had them recommended)."""
+    facts = []
+    for lever, label, baseline in (("bf16", "bf16", "in fp32"), ("compile", "compiled", "eager")):
+        m = e.lever(lever)
+        if m is not None:
+            verdict = "faster" if m.faster else "not faster by more than the noise"
+            facts.append(f"{m.describe(label, baseline)}: {verdict}")
+    unmeasured = []
+    if e.precision == "fp32" and e.native_bf16 and unmeasured_on_cpu(e, "bf16"):
+        unmeasured.append("bf16")
+    slow_ops = bottleneck in ("memory_bound", "overhead_bound")
+    if slow_ops and not e.compiled and unmeasured_on_cpu(e, "compile"):
+        unmeasured.append("torch.compile")
+    if unmeasured:
+        what = " and ".join(unmeasured)
+        facts.append(
+            f"{what} not recommended: on a CPU they are often slower, and only a measurement "
+            "tells — thrifty tune CONFIG.toml --levers precision,compile measures them"
+        )
+    return facts
 
 
 def _rank_facts(e: Evidence) -> list[str]:

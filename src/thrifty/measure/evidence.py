@@ -1,5 +1,6 @@
-"""The measured facts a diagnosis reads: per-phase seconds of a training step, FLOPs, MFU,
-memory and utilization, and how they are worded.
+"""The measured facts a diagnosis reads: per-phase seconds of a training step and how much
+they vary, FLOPs, MFU, memory, utilization, levers measured with and without — and how they
+are worded.
 
 Units: seconds per optimizer step (means over the measured steps), bytes, FLOPs per step,
 utilization in percent.
@@ -15,6 +16,59 @@ from thrifty.measure.stragglers import Straggler
 
 PHASES = ("data_wait", "host_to_device", "forward", "backward", "optimizer", "checkpoint", "other")
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
+LEVERS_MEASURED = ("compile", "bf16")  # the levers a LeverMeasurement may be given for
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LeverMeasurement:
+    """Seconds per optimizer step measured without a lever and with it (`thrifty tune`'s
+    trials, or two runs), each with its noise: the spread of its per-step mean, in seconds.
+
+    The lever counts as faster only when the step it saves exceeds both noises together.
+    `source` says who measured, in a few words ("thrifty tune", "runs a and b").
+    """
+
+    without_seconds: float
+    with_seconds: float
+    without_noise: float = 0.0
+    with_noise: float = 0.0
+    source: str = "measured"
+
+    def __post_init__(self) -> None:
+        for name in ("without_seconds", "with_seconds"):
+            if not getattr(self, name) > 0:
+                raise ValueError(
+                    f"LeverMeasurement.{name} = {getattr(self, name)!r}: must be greater than 0 "
+                    "(seconds per step)"
+                )
+        for name in ("without_noise", "with_noise"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(
+                    f"LeverMeasurement.{name} = {getattr(self, name)!r}: must be 0 or greater "
+                    "(seconds)"
+                )
+
+    @property
+    def gain_seconds(self) -> float:
+        """Seconds per step the lever saves (negative: it costs)."""
+        return self.without_seconds - self.with_seconds
+
+    @property
+    def noise_seconds(self) -> float:
+        return self.without_noise + self.with_noise
+
+    @property
+    def faster(self) -> bool:
+        """Whether the lever saved more than the measurements' noise."""
+        return self.gain_seconds > self.noise_seconds
+
+    def describe(self, lever: str, baseline: str) -> str:
+        """`lever` against `baseline` with the figures, e.g. "bf16 12.0 ± 0.4 ms per step
+        against 20.0 ± 0.5 ms in fp32 (thrifty tune)"."""
+        return (
+            f"{lever} {plus_minus(self.with_seconds, self.with_noise)} per step against "
+            f"{plus_minus(self.without_seconds, self.without_noise)} {baseline} ({self.source})"
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,6 +122,11 @@ class Evidence:
     # Several ranks: each rank's own work per step (thrifty.measure.stragglers), rank order.
     rank_work_seconds: tuple[float, ...] | None = None
     straggler: Straggler | None = None  # the rank the others waited for, if one was
+    # Noise: per phase name and "step", the spread of its mean per step (seconds); see noise().
+    spread_seconds: Mapping[str, float] | None = None
+    spread_windows: int | None = None  # logging intervals it spans (1: per-step spread)
+    # Levers measured without and with, keyed by a name in LEVERS_MEASURED.
+    lever_measurements: Mapping[str, LeverMeasurement] | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 1 or not self.step_seconds > 0:
@@ -83,6 +142,39 @@ class Evidence:
             raise ValueError(
                 f"Evidence.accumulation_steps = {self.accumulation_steps}: must be 1 or more"
             )
+        unknown = sorted(set(self.lever_measurements or {}) - set(LEVERS_MEASURED))
+        if unknown:
+            raise ValueError(
+                f"Evidence.lever_measurements has {unknown[0]!r}: give some of "
+                f"{', '.join(LEVERS_MEASURED)}"
+            )
+
+    def noise(self, name: str) -> float:
+        """The noise of `name`'s mean seconds per step (a phase in PHASES, or "step"): how far
+        it moved between logging intervals (the standard deviation of their means; with one
+        interval, the step's spread from step to step: `thrifty.measure.spread`); 0 where no
+        spread was measured."""
+        return float((self.spread_seconds or {}).get(name, 0.0))
+
+    def figure(self, name: str) -> str:
+        """`name`'s mean seconds per step with its noise, e.g. "12.3 ± 1.1 ms"."""
+        seconds = self.step_seconds if name == "step" else self.seconds()[name]
+        noise = self.noise(name) if self.spread_seconds is not None else None
+        return plus_minus(seconds, noise)
+
+    def figures(self, *names: str) -> dict[str, float]:
+        """Each name's mean seconds per step and its noise, as diagnosis.json carries them:
+        `{name}_seconds` and `{name}_noise_seconds`."""
+        out: dict[str, float] = {}
+        for name in names:
+            seconds = self.step_seconds if name == "step" else self.seconds()[name]
+            out[f"{name}_seconds"] = seconds
+            out[f"{name}_noise_seconds"] = self.noise(name)
+        return out
+
+    def lever(self, name: str) -> LeverMeasurement | None:
+        """What was measured of lever `name` (in LEVERS_MEASURED), or None."""
+        return (self.lever_measurements or {}).get(name)
 
     def seconds(self) -> dict[str, float]:
         """Seconds per step of each phase in PHASES; `other` fills the step when not given."""
@@ -142,6 +234,15 @@ def pct(fraction: float | None) -> str:
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def plus_minus(seconds: float, noise: float | None) -> str:
+    """`seconds` and its noise in one unit, e.g. "12.3 ± 1.1 ms"; no ± when `noise` is None."""
+    if noise is None:
+        return ms(seconds)
+    if seconds < 10:
+        return f"{seconds * 1e3:.1f} ± {noise * 1e3:.1f} ms"
+    return f"{seconds:.1f} ± {noise:.1f} s"
 
 
 def us(seconds: float) -> str:

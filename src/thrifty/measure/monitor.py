@@ -22,6 +22,7 @@ import torch
 from thrifty.measure.evidence import PHASES
 from thrifty.measure.peak import Peak
 from thrifty.measure.progress import ProgressBar
+from thrifty.measure.spread import WindowSpread
 from thrifty.measure.stragglers import RankSeconds, find_straggler, interval_record
 from thrifty.measure.timing import NullTimer
 from thrifty.run.directory import MetricsLog
@@ -102,6 +103,7 @@ class RunMonitor:
         self.phase_totals = dict.fromkeys(PHASES, 0.0)
         self.busy_totals: dict[str, float] | None = None  # CPU-held seconds (CPU timer only)
         self.step_times: list[float] = []
+        self.spread = WindowSpread()  # per-interval means: the noise of the figures above
         self.system: list[dict[str, float]] = []
         self.train_loss = math.nan
         self._skip = exclude_steps
@@ -181,6 +183,7 @@ class RunMonitor:
             if phase is not None:
                 record["breakdown"] = _fit_to_step(phase, seconds[i])
                 self._count(record["breakdown"], self.timer.busy(raws[i]), seconds[i])
+        self.spread.close_window(self.phase_totals, self.step_times)
         last = pending[-1]
         if ranks is not None:
             step = sum(seconds[i] for i in measured) / len(measured)
@@ -343,6 +346,8 @@ class RunMonitor:
             cpu_util_std=system.get("cpu_percent_std"),
             rank_work_seconds=self._rank_means(),
             straggler=self.straggler(),
+            spread_seconds=self.spread.spread(self.step_times),
+            spread_windows=self.spread.windows,
             **context,
         )
         return diagnose(evidence)
