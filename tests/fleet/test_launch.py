@@ -77,7 +77,7 @@ def test_the_skypilot_task_is_read_by_skypilots_own_loader(project, capsys, tmp_
     if exit_codes_supported():
         assert resources.job_recovery["recover_on_exit_codes"] in (75, [75])
     assert task.envs["CHECKPOINT_LOCATION"] == BUCKET
-    assert "pip install 'thrifty[s3]==" in task.setup
+    assert "pip install '.thrifty-launch/thrifty-0.1.0-py3-none-any.whl[s3]'" in task.setup
     assert "pip install -r requirements.txt" in task.setup
     for needed in ("SKYPILOT_NODE_IPS", "SKYPILOT_NUM_NODES", "SKYPILOT_NUM_GPUS_PER_NODE"):
         assert needed in task.run
@@ -89,8 +89,8 @@ def test_a_skypilot_with_exit_code_recovery_gets_75_listed(project):
     from thrifty.fleet.skypilot import task_yaml
 
     job = FleetJob(name="thrifty-x", config="demo.toml", gpus=GpuRequest("H100-SXM", "H100", 8))
-    assert "    recover_on_exit_codes: [75]\n" in task_yaml(job, version="1", exit_codes=True)
-    assert "\n    recover_on_exit_codes:" not in task_yaml(job, version="1", exit_codes=False)
+    assert "    recover_on_exit_codes: [75]\n" in task_yaml(job, wheel="t.whl", exit_codes=True)
+    assert "\n    recover_on_exit_codes:" not in task_yaml(job, wheel="t.whl", exit_codes=False)
 
 
 def test_the_skypilot_run_script_starts_the_agent_on_the_head_nodes_rendezvous(
@@ -151,6 +151,7 @@ def test_the_sbatch_script_requeues_exactly_when_the_step_ends_75(
     text = sbatch_text(capsys, "--gpus", "H100:8", "--nodes", "2", "--bucket", BUCKET)
     bin_dir = tmp_path / "bin"
     fake_executable(bin_dir, "srun", f"exit {step_code}")
+    fake_executable(bin_dir, "python")  # the environment check: thrifty is there
     fake_executable(bin_dir, "scontrol", 'if [ "$1" = show ]; then printf "gpu1\\ngpu2\\n"; fi')
     script = tmp_path / "job.sbatch"
     script.write_text(text)

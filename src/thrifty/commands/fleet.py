@@ -32,7 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "managed-job YAML or a Slurm sbatch script), print the planner's cost estimate "
         "(on-demand, spot, and spot with the expected interruptions) and submit the file "
         "when the engine is installed here. A preempted job saves an emergency checkpoint, "
-        "exits 75, and the engine relaunches it; it resumes from --bucket.",
+        "exits 75, and the engine relaunches it; it resumes from --bucket. SkyPilot's "
+        "machines install this very thrifty, shipped in .thrifty-launch/; a secret in "
+        "--bucket or --set is never written: the file names the environment variable "
+        "that carries it.",
     )
     parser.add_argument("config", metavar="CONFIG.toml")
     parser.add_argument("--gpus", required=True, metavar="GPU:COUNT", help="per node, e.g. H100:8")
@@ -47,7 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--engine", choices=("skypilot", "slurm"), default="skypilot")
     parser.add_argument("--dry-run", action="store_true", help="print the file, write nothing")
     parser.add_argument("--out", metavar="FILE", help="default: beside the config")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an --out that thrifty launch wrote"
+    )
     parser.add_argument(
         "--max-restarts",
         type=int,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.plan.units import fmt_usd
+from thrifty.redact import redact_text
 
 if TYPE_CHECKING:
     from thrifty.config import TrainConfig
@@ -90,7 +91,8 @@ def job_work(
             params = float(count_params(config))
             notes.append(f"{params:,.0f} parameters counted from task.model")
         except Exception as exc:  # a user's factory may fail on the meta device in any way
-            notes.append(f"parameters not counted ({str(exc)[:120]}): give --params")
+            reason = redact_text(str(exc))[:120]
+            notes.append(f"parameters not counted ({reason}): give --params")
     if tokens is None:
         tokens, note = _budget_tokens(config, gpus, seq)
         notes.append(note)

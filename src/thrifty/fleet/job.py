@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 import os
 import re
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from thrifty.errors import ConfigError
+from thrifty.fleet.credentials import Passed, location_word, override_words
+from thrifty.fleet.shell import Env, Word, check_travels
 
 ENGINES = ("skypilot", "slurm")
 RENDEZVOUS_PORT = 29500
@@ -76,7 +77,11 @@ class FleetJob:
 
     `config` is the config's path relative to the directory the job runs in (the submitting
     directory); `location` the checkpoint location the launch sets (None: the config's own);
-    `requirements` a requirements file beside the config, relative likewise.
+    `requirements` a requirements file beside the config, relative likewise;
+    `storage_extra` the thrifty extra the checkpoint storage needs (`s3`); `loader_workers`
+    the config's `data.num_workers` (None: "auto"). A value no job file could carry as it
+    is (`thrifty.fleet.shell.check_travels`) is refused here. Secrets are never written:
+    `passed()` lists the environment variables that carry them.
     """
 
     name: str
@@ -91,6 +96,17 @@ class FleetJob:
     upload_deadline: float = 90.0
     max_restarts: int = 3
     time_limit: float | None = None
+    storage_extra: str | None = None
+    loader_workers: int | None = None
+
+    def __post_init__(self) -> None:
+        check_travels(self.config, "the config's path")
+        if self.requirements is not None:
+            check_travels(self.requirements, "the requirements file's path")
+        for number, item in enumerate(self.overrides, 1):
+            check_travels(item, f"--set number {number}")
+        if self.location is not None:
+            check_travels(self.location, "--bucket")
 
     @property
     def signal_lead_seconds(self) -> int:
@@ -100,35 +116,48 @@ class FleetJob:
 
         return worker_grace_seconds(self.upload_deadline) + SIGNAL_MARGIN_SECONDS
 
-    def install_line(self, version: str) -> str:
-        """`pip install` of this thrifty, with the extra the checkpoint URL needs."""
-        scheme = (self.location or "").partition("://")[0]
-        extra = STORAGE_EXTRAS.get(scheme)
-        spec = f"thrifty[{extra}]=={version}" if extra else f"thrifty=={version}"
-        return f"pip install {shlex.quote(spec)}"
+    def passed(self) -> list[Passed]:
+        """The secrets among the job's values, each passed in an environment variable."""
+        passed = override_words(self.overrides)[1]
+        if self.location is not None:
+            location = location_word(self.location, in_env=False)[1]
+            passed += [location] if location is not None else []
+        return passed
 
-    def train_words(self, location_word: str | None) -> list[str]:
-        """`train CONFIG --set ...`, one option a line: the thrifty command every node's agent
-        runs.
-        `location_word`: the checkpoint location as the job file spells it (a shell word)."""
-        words = [f"train {shlex.quote(self.config)}"]
-        words += [f"--set {shlex.quote(item)}" for item in self.overrides]
-        if location_word is not None:
-            words.append(f"--set checkpoint.location={location_word}")
-        return words
-
-    def agent_words(self, nodes: str, per_node: str, head: str, job_id: str) -> list[str]:
-        """The node agent's command; each argument is a shell word the engine fills in."""
-        signals = ",".join(self.signals)
+    def required_lines(self) -> list[str]:
+        """Script lines that stop the job, naming the variable, when a passed value is unset."""
         return [
-            "python -m thrifty.fleet.agent",
-            f"--nnodes {nodes}",
-            f"--nproc-per-node {per_node}",
-            f'--rdzv-endpoint "{head}:{RENDEZVOUS_PORT}"',
-            f"--rdzv-id {job_id}",
-            f"--signals {signals}",
-            f"--upload-deadline {math.ceil(self.upload_deadline)}",
+            f': "${{{p.name}:?set {p.name} in the environment that submits this job}}"'
+            for p in self.passed()
         ]
+
+    def node_lines(
+        self, nodes: Word, per_node: Word, head: Env, job_id: Word, *, location_in_env: bool
+    ) -> list[list[Word]]:
+        """What every node runs, one option a line: thrifty's node agent (`head` holds the
+        first node's address), then `-- train CONFIG --set ...`. `location_in_env`: the
+        checkpoint location is read from LOCATION_ENV, which the engine sets (so it is,
+        whatever this says, when the location holds a secret)."""
+        lines: list[list[Word]] = [
+            ["python", "-m", "thrifty.fleet.agent"],
+            ["--nnodes", nodes],
+            ["--nproc-per-node", per_node],
+            ["--rdzv-endpoint", (head, f":{RENDEZVOUS_PORT}")],
+            ["--rdzv-id", job_id],
+            ["--signals", ",".join(self.signals)],
+            ["--upload-deadline", str(math.ceil(self.upload_deadline))],
+            ["--", "train", self.config],
+        ]
+        lines += [["--set", word] for word in override_words(self.overrides)[0]]
+        if self.location is not None:
+            lines.append(["--set", location_word(self.location, location_in_env)[0]])
+        return lines
+
+
+def storage_extra(location: str | None) -> str | None:
+    """The `pip install` extra the checkpoint location's scheme needs (None: none)."""
+    scheme = (location or "").partition("://")[0]
+    return STORAGE_EXTRAS.get(scheme) if is_remote(location) else None
 
 
 def relative_config(path: str | os.PathLike[str], cwd: str | os.PathLike[str]) -> str:
@@ -140,7 +169,8 @@ def relative_config(path: str | os.PathLike[str], cwd: str | os.PathLike[str]) -
             f"config {path} is outside the current directory: run thrifty launch from the "
             "project directory that holds it (the job runs there)"
         )
-    return Path(rel).as_posix()
+    rel = Path(rel).as_posix()
+    return f"./{rel}" if rel.startswith("-") else rel  # a path, never read as an option
 
 
 def requirements_beside(config: str, cwd: str | os.PathLike[str]) -> str | None:

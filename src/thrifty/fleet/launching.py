@@ -8,14 +8,15 @@ code 2 with nothing left behind.
 from __future__ import annotations
 
 import argparse
-import os
+import shutil
 import sys
 from pathlib import Path
 
 from thrifty.config import TrainConfig, load_config, parse_duration, parse_set_args
 from thrifty.errors import ConfigError, ThriftyError
-from thrifty.fleet import skypilot, slurm
+from thrifty.fleet import skypilot, slurm, wheel
 from thrifty.fleet.cost import pick_instance
+from thrifty.fleet.files import check_job_file, write_atomic
 from thrifty.fleet.job import (
     FleetJob,
     check_bucket,
@@ -24,7 +25,9 @@ from thrifty.fleet.job import (
     parse_gpus,
     relative_config,
     requirements_beside,
+    storage_extra,
 )
+from thrifty.redact import redact_text
 
 SUFFIX = {"skypilot": ".sky.yaml", "slurm": ".sbatch"}
 
@@ -32,22 +35,24 @@ SUFFIX = {"skypilot": ".sky.yaml", "slurm": ".sbatch"}
 def run(args: argparse.Namespace) -> int:
     """The whole command; returns its exit code (the engine's, once submitted)."""
     config = load_config(args.config, parse_set_args(args.overrides))
-    job = build_job(args, config, Path.cwd())
+    cwd = Path.cwd()
+    job = build_job(args, config, cwd)
     out = out_path(args)
     if not args.dry_run:
-        _check_out(out, args.overwrite)
+        check_job_file(out, args.overwrite)
         if args.engine == "skypilot":
             skypilot.sky_executable()  # SkyPilot missing: the one line with its install
-    print_cost(args, job, config)
+            wheel.check_ship(cwd)
     text = job_text(job, args.engine)
+    if not args.dry_run and args.engine == "skypilot":
+        _ship(cwd)
+    print_cost(args, job, config)
     if args.dry_run:
         print(f"\n--- {out} (not written: --dry-run) ---")
         sys.stdout.write(text)
         return 0
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    if args.engine == "slurm":
-        os.chmod(out, 0o755)
+    write_atomic(out, text.encode(), 0o755 if args.engine == "slurm" else 0o644)
     return _submit(args.engine, out, job)
 
 
@@ -65,6 +70,7 @@ def build_job(args: argparse.Namespace, config: TrainConfig, cwd: Path) -> Fleet
     check_bucket(args.bucket, args.engine)
     check_storage(args.nodes, args.bucket or config.checkpoint.location, args.engine, args.spot)
     rel = relative_config(args.config, cwd)
+    workers = config.data.num_workers
     return FleetJob(
         name=job_name(config.run.name),
         config=rel,
@@ -78,6 +84,8 @@ def build_job(args: argparse.Namespace, config: TrainConfig, cwd: Path) -> Fleet
         upload_deadline=config.checkpoint.upload_deadline_seconds,
         max_restarts=args.max_restarts,
         time_limit=None if args.time is None else parse_duration(args.time, "--time"),
+        storage_extra=storage_extra(args.bucket or config.checkpoint.location),
+        loader_workers=None if workers == "auto" else int(workers),
     )
 
 
@@ -103,7 +111,7 @@ def print_cost(args: argparse.Namespace, job: FleetJob, config: TrainConfig) -> 
             mfu=args.mfu,
         )
     except ThriftyError as exc:  # a figure the planner refuses: the job may still run
-        print(f"Cost: no estimate ({exc})")
+        print(f"Cost: no estimate ({redact_text(str(exc))})")
         return
     print("\n".join(cost_lines(cost)))
 
@@ -111,10 +119,15 @@ def print_cost(args: argparse.Namespace, job: FleetJob, config: TrainConfig) -> 
 def job_text(job: FleetJob, engine: str) -> str:
     """The engine's job file."""
     if engine == "slurm":
-        return slurm.sbatch_script(job)
-    from thrifty import __version__
+        from thrifty import __version__
 
-    return skypilot.task_yaml(job, version=__version__, exit_codes=skypilot.exit_codes_supported())
+        return slurm.sbatch_script(job, version=__version__)
+    return skypilot.task_yaml(
+        job,
+        wheel=wheel.wheel_path(wheel.running_version()),
+        exit_codes=skypilot.exit_codes_supported(),
+        secrets=skypilot.secrets_supported(),
+    )
 
 
 def out_path(args: argparse.Namespace) -> Path:
@@ -125,11 +138,21 @@ def out_path(args: argparse.Namespace) -> Path:
     return config.with_name(config.stem + SUFFIX[args.engine])
 
 
-def _check_out(out: Path, overwrite: bool) -> None:
-    if out.is_dir():
-        raise ThriftyError(f"--out {out} is a directory: give a file")
-    if out.exists() and not overwrite:
-        raise ThriftyError(f"{out} exists: give --overwrite to replace it, or another --out")
+def _ship(cwd: Path) -> None:
+    """Write the thrifty wheel the task installs, and make sure SkyPilot uploads it: a wheel
+    its workdir upload leaves out would fail the job's setup on a machine already paid for."""
+    shipped, created = wheel.ship(cwd)
+    excluded = skypilot.excluded_from_upload(cwd, shipped)
+    if excluded is None:
+        return
+    (cwd / shipped).unlink()
+    if created:
+        shutil.rmtree(cwd / wheel.FOLDER)
+    raise ThriftyError(
+        f"{shipped}, the thrifty the job installs, would not be uploaded: {excluded} leaves "
+        f"it out of SkyPilot's workdir; keep {wheel.FOLDER}/ out of that file (SkyPilot "
+        "reads .skyignore instead of .gitignore when there is one)"
+    )
 
 
 def _submit(engine: str, out: Path, job: FleetJob) -> int:
@@ -137,10 +160,13 @@ def _submit(engine: str, out: Path, job: FleetJob) -> int:
         print(f"wrote {out}; submitting: {skypilot.submit_hint(out, job)}", flush=True)
         return skypilot.submit(out, job)
     sbatch = slurm.sbatch_executable()
+    passed = job.passed()
     if sbatch is None:
+        needs = f" ({', '.join(p.name for p in passed)} set there)" if passed else ""
         print(
-            f"wrote {out}; no sbatch here: submit it on the cluster with {slurm.submit_hint(out)}"
+            f"wrote {out}; no sbatch here: submit it on the cluster with "
+            f"{slurm.submit_hint(out)}{needs}"
         )
         return 0
     print(f"wrote {out}; submitting: {slurm.submit_hint(out)}", flush=True)
-    return slurm.submit(out, sbatch)
+    return slurm.submit(out, sbatch, {p.name: p.value for p in passed})

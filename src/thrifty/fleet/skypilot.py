@@ -6,21 +6,33 @@ any failure, always for the codes in `recover_on_exit_codes` (SkyPilot versions 
 `sky/utils/schemas.py`, has that field). 75 is listed there: a preempted thrifty job resumes
 from its bucket however often it is preempted. Every node runs the same `run` script; the
 first line of SKYPILOT_NODE_IPS is the head node, where rank 0 and the rendezvous live.
+
+The file is written by PyYAML's emitter and its scripts quote every value (`shell`), so no
+value the user gave can add a key or a command. Setup installs the thrifty that wrote the
+file, shipped as a wheel in the uploaded folder (`wheel`). A secret is never written: its
+key is in `envs` (or `secrets`, where SkyPilot has that field) with no value, and
+`sky jobs launch --env NAME` (`--secret NAME`) takes the value from the environment it
+is started in (`credentials`).
 """
 
 from __future__ import annotations
 
 import importlib
-import json
+import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from thrifty.errors import MissingDependencyError
+from thrifty.fleet.credentials import LOCATION_ENV, described
+from thrifty.fleet.files import MARKER
 from thrifty.fleet.job import FleetJob
+from thrifty.fleet.shell import Env, command
+from thrifty.fleet.wheel import FOLDER
 from thrifty.run.preemption import EXIT_PREEMPTED
 
-LOCATION_ENV = "CHECKPOINT_LOCATION"
 INSTALL = "pip install 'thrifty[skypilot]'"
 # thrifty's catalog names → SkyPilot's accelerator names (`sky show-gpus`).
 ACCELERATORS = {
@@ -41,67 +53,150 @@ def accelerator(job: FleetJob) -> str:
     return f"{ACCELERATORS.get(job.gpus.name, job.gpus.name)}:{job.gpus.per_node}"
 
 
-def exit_codes_supported() -> bool | None:
-    """Whether the installed SkyPilot's schema has `job_recovery.recover_on_exit_codes`
-    (None: SkyPilot is not installed here, so the file is written for a current one)."""
+def _schema_property(schema: str, *path: str) -> bool | None:
+    """Whether the installed SkyPilot's schema (`sky/utils/schemas.py`) has the property at
+    `path` (None: SkyPilot is not installed here)."""
     try:
         schemas = importlib.import_module("sky.utils.schemas")
     except ImportError:
         return None
-    recovery = schemas.get_resources_schema()["properties"]["job_recovery"]
-    return any(
-        "recover_on_exit_codes" in option.get("properties", {})
-        for option in recovery.get("anyOf", [])
-    )
+    node = getattr(schemas, schema)()
+    for key in path[:-1]:
+        node = node["properties"][key]
+    options = node.get("anyOf", [node])
+    return any(path[-1] in option.get("properties", {}) for option in options)
 
 
-def task_yaml(job: FleetJob, *, version: str, exit_codes: bool | None) -> str:
-    """The task file's text. `version`: the thrifty release the machines install;
-    `exit_codes`: from `exit_codes_supported()`."""
+def exit_codes_supported() -> bool | None:
+    """Whether the installed SkyPilot's schema has `job_recovery.recover_on_exit_codes`
+    (None: SkyPilot is not installed here, so the file is written for a current one)."""
+    return _schema_property("get_resources_schema", "job_recovery", "recover_on_exit_codes")
+
+
+def secrets_supported() -> bool | None:
+    """Whether the installed SkyPilot's task has a `secrets` field, whose values it never
+    shows (None: not installed here; the file then uses `envs`, which every SkyPilot reads)."""
+    return _schema_property("get_task_schema", "secrets")
+
+
+def task_yaml(
+    job: FleetJob, *, wheel: str, exit_codes: bool | None, secrets: bool | None = None
+) -> str:
+    """The task file's text. `wheel`: the path, from the submitting directory, of the thrifty
+    wheel the machines install (`thrifty.fleet.wheel`); `exit_codes`, `secrets`: from
+    `exit_codes_supported()` and `secrets_supported()`."""
+    passed = job.passed()
+    recovery: dict[str, Any] = {"max_restarts_on_errors": job.max_restarts}
+    if exit_codes is not False:
+        recovery["recover_on_exit_codes"] = _Flow([EXIT_PREEMPTED])
+    task: dict[str, Any] = {
+        "name": job.name,
+        "num_nodes": job.nodes,
+        "workdir": ".",
+        "resources": {
+            "accelerators": accelerator(job),
+            "use_spot": job.spot,
+            "job_recovery": recovery,
+        },
+    }
+    envs: dict[str, str | None] = {}
+    if job.location is not None and not any(p.name == LOCATION_ENV for p in passed):
+        envs[LOCATION_ENV] = job.location
+    hidden = {p.name: None for p in passed}
+    if secrets:
+        task["secrets"] = hidden
+    else:
+        envs.update(hidden)
+    if envs:
+        task["envs"] = envs
+    task["setup"] = _setup_script(job, wheel)
+    task["run"] = _run_script(job)
+    header = [MARKER, *(f"# {line}" for line in _header(job, exit_codes, secrets))]
+    return "\n".join(header) + "\n" + _dump(task)
+
+
+def _header(job: FleetJob, exit_codes: bool | None, secrets: bool | None) -> list[str]:
     lines = [
-        f"# SkyPilot managed job for {job.config}, written by `thrifty launch`.",
-        "# Submit from this directory (it is uploaded as the workdir):",
-        f"#   sky jobs launch -n {job.name} THIS_FILE",
-        f"name: {job.name}",
-        f"num_nodes: {job.nodes}",
-        "workdir: .",
-        "resources:",
-        f"  accelerators: {accelerator(job)}",
-        f"  use_spot: {'true' if job.spot else 'false'}",
-        "  job_recovery:",
-        f"    max_restarts_on_errors: {job.max_restarts}",
-        *_exit_code_lines(exit_codes),
+        "SkyPilot managed job. Submit it from the directory thrifty launch ran in, which is",
+        "uploaded as the workdir:",
+        f"  {' '.join(submit_words(Path('THIS_FILE'), job, secrets, sky='sky'))}",
+        f"Setup installs the thrifty that wrote this file, from {FOLDER}/ in that directory",
+        "(written with this file; --dry-run writes neither).",
+        *described(job.passed()),
     ]
-    if job.location is not None:
-        lines += ["envs:", f"  {LOCATION_ENV}: {json.dumps(job.location)}"]
-    lines += ["setup: |", f"  {job.install_line(version)}"]
+    if exit_codes is False:
+        lines += [
+            "This SkyPilot has no recover_on_exit_codes: a preempted exit (75) counts against",
+            "max_restarts_on_errors; a spot preemption itself never does.",
+        ]
+    return lines
+
+
+def _setup_script(job: FleetJob, wheel: str) -> str:
+    """Install the user's requirements, then the thrifty that wrote the task (its extra for
+    the checkpoint storage), last so that nothing replaces it; a reused machine that has
+    the same version gets this build all the same (--force-reinstall)."""
+    pip = ["python", "-m", "pip", "install"]
+    lines = ["set -e"]
     if job.requirements is not None:
-        lines.append(f"  pip install -r {job.requirements}")
-    location = f'"${LOCATION_ENV}"' if job.location is not None else None
-    agent = job.agent_words(
-        '"$SKYPILOT_NUM_NODES"',
-        '"$SKYPILOT_NUM_GPUS_PER_NODE"',
-        "$HEAD",
-        '"$SKYPILOT_TASK_ID"',
+        lines.append(command([[*pip, "-r", job.requirements]]))
+    spec = f"{wheel}[{job.storage_extra}]" if job.storage_extra else wheel
+    lines.append(command([[*pip, spec]]))
+    lines.append(command([[*pip, "--force-reinstall", "--no-deps", wheel]]))
+    return "\n".join(lines) + "\n"
+
+
+def _run_script(job: FleetJob) -> str:
+    node = job.node_lines(
+        Env("SKYPILOT_NUM_NODES"),
+        Env("SKYPILOT_NUM_GPUS_PER_NODE"),
+        Env("HEAD"),
+        Env("SKYPILOT_TASK_ID"),
+        location_in_env=True,
     )
-    command = [*agent, "--", *job.train_words(location)]
-    lines += [
-        "run: |",
-        "  # rank 0 and the rendezvous are on the head node, the first of SKYPILOT_NODE_IPS;",
-        "  # SKYPILOT_NODE_RANK orders the others. 75: preempted, SkyPilot relaunches.",
-        '  HEAD=$(echo "$SKYPILOT_NODE_IPS" | head -n 1)',
-        "  " + " \\\n      ".join(command),
+    lines = [
+        *job.required_lines(),
+        "# rank 0 and the rendezvous are on the head node, the first of SKYPILOT_NODE_IPS;",
+        "# SKYPILOT_NODE_RANK orders the others. 75: preempted, SkyPilot relaunches.",
+        'HEAD=$(echo "$SKYPILOT_NODE_IPS" | head -n 1)',
+        command(node),
     ]
     return "\n".join(lines) + "\n"
 
 
-def _exit_code_lines(supported: bool | None) -> list[str]:
-    if supported is False:
-        return [
-            "    # this SkyPilot has no recover_on_exit_codes: a preempted exit (75) counts",
-            "    # against max_restarts_on_errors; a spot preemption itself never does",
-        ]
-    return [f"    recover_on_exit_codes: [{EXIT_PREEMPTED}]"]
+class _Flow(list[Any]):
+    """A list the task file writes on one line: `[75]`."""
+
+
+def _dump(task: dict[str, Any]) -> str:
+    """The task as YAML, by PyYAML's emitter (SkyPilot reads it with `yaml.safe_load`):
+    every value is quoted or escaped as YAML needs, so none can add or change a key."""
+    try:
+        yaml = importlib.import_module("yaml")
+    except ImportError:
+        raise MissingDependencyError(
+            f"PyYAML is not installed, and it writes the SkyPilot task: {INSTALL} "
+            "(or pip install pyyaml)"
+        ) from None
+
+    class Dumper(yaml.SafeDumper):  # type: ignore[name-defined]
+        pass
+
+    def text(dumper: Any, data: str) -> Any:
+        # Scripts as `|` blocks; the emitter falls back to a quoted, escaped scalar when the
+        # text holds what a block cannot (control characters, trailing spaces).
+        style = "|" if "\n" in data else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+    def flow(dumper: Any, data: list[Any]) -> Any:
+        return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True)
+
+    Dumper.add_representer(str, text)
+    Dumper.add_representer(_Flow, flow)
+    dumped: str = yaml.dump(
+        task, Dumper=Dumper, sort_keys=False, allow_unicode=True, width=1_000_000
+    )
+    return dumped
 
 
 def sky_executable() -> str:
@@ -114,12 +209,36 @@ def sky_executable() -> str:
     return found
 
 
+def excluded_from_upload(cwd: Path, path: str) -> str | None:
+    """The file (".skyignore" or ".gitignore") that leaves `path`, relative to `cwd`, out of
+    the workdir SkyPilot uploads, by SkyPilot's own reading of it; None when it is uploaded."""
+    try:
+        storage_utils = importlib.import_module("sky.data.storage_utils")
+        excluded = storage_utils.get_excluded_files(str(cwd))
+    except Exception:  # noqa: BLE001 - a courtesy check: SkyPilot runs its own at upload
+        return None
+    for entry in excluded:
+        entry = entry.rstrip("/")
+        if entry and (path == entry or path.startswith(f"{entry}/")):
+            return ".skyignore" if (cwd / ".skyignore").exists() else ".gitignore"
+    return None
+
+
+def submit_words(path: Path, job: FleetJob, secrets: bool | None, sky: str) -> list[str]:
+    """`sky jobs launch`, taking every passed value from the submitting environment."""
+    flag = "--secret" if secrets else "--env"
+    passing = [word for p in job.passed() for word in (flag, p.name)]
+    return [sky, "jobs", "launch", "--yes", *passing, "-n", job.name, str(path)]
+
+
 def submit(path: Path, job: FleetJob) -> int:
-    """`sky jobs launch` the task file (from the current directory, its workdir); returns
-    sky's exit code."""
-    command = [sky_executable(), "jobs", "launch", "--yes", "-n", job.name, str(path)]
-    return subprocess.run(command, check=False).returncode
+    """`sky jobs launch` the task file (from the current directory, its workdir), with the
+    passed values in its environment; returns sky's exit code."""
+    command = submit_words(path, job, secrets_supported(), sky_executable())
+    env = {**os.environ, **{p.name: p.value for p in job.passed()}}
+    return subprocess.run(command, env=env, check=False).returncode
 
 
 def submit_hint(path: Path, job: FleetJob) -> str:
-    return f"sky jobs launch -n {job.name} {path}"
+    words = submit_words(path, job, secrets_supported(), sky="sky")
+    return " ".join(shlex.quote(w) for w in words)
