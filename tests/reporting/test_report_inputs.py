@@ -3,9 +3,11 @@ ThriftyError from Python; and a run's own report never fails the run."""
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
+from html import escape as html_escape
 
 import pytest
 
@@ -57,10 +59,19 @@ def test_a_last_line_cut_short_is_left_out(tmp_path):
     assert render_report(run) == run / "report.html"
 
 
-def test_a_damaged_line_before_the_last_names_its_line(tmp_path, capsys):
-    run = write_run(tmp_path / "run", [step(1)], tail='{"step": 2, "lo\n' + '{"step": 3}\n')
-    line = one_line_error(capsys, [str(run)])
-    assert "metrics.jsonl line 2 is not JSON: the file was damaged" in line
+def test_damaged_lines_are_left_out_and_the_page_names_them(tmp_path, caplog):
+    run = write_run(tmp_path / "run", [step(1)])
+    damaged = [b'{"step": 2, "lo', b"\xff\xfe{", b"[1, 2]", b'"x"']
+    lines = [*damaged, json.dumps(step(3)).encode(), b'{"step": 4, "loss": 1.']
+    with open(run / "metrics.jsonl", "ab") as f:
+        f.write(b"\n".join(lines))
+    with caplog.at_level(logging.WARNING, logger="thrifty"):
+        assert cli.main(["report", str(run)]) == 0
+    assert [r["step"] for r in load(run).steps] == [1, 3]
+    note = f"{run / 'metrics.jsonl'}: 4 damaged lines left out (lines 2, 3, 4, 5: cut short"
+    assert [r.getMessage() for r in caplog.records] == [load(run).notes[0]]
+    assert load(run).notes[0].startswith(note)  # the last line, cut short by a kill: no word
+    assert html_escape(note) in (run / "report.html").read_text()
 
 
 def test_an_output_that_cannot_be_written_is_one_line(tmp_path, capsys):
@@ -103,3 +114,43 @@ def test_registering_the_command_does_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_an_existing_out_file_needs_overwrite_and_is_then_replaced(tmp_path, capsys):
+    run = write_run(tmp_path / "run", [step(1)])
+    out = tmp_path / "compare.html"
+    assert cli.main(["report", str(run), "--out", str(out)]) == 0
+    first = out.read_bytes()
+    line = one_line_error(capsys, [str(run), "--out", str(out)])
+    assert line == f"thrifty: error: {out} exists: give --overwrite to replace it, or another --out"
+    assert out.read_bytes() == first
+    write_run(run, [step(1), step(2)])
+    assert cli.main(["report", str(run), "--out", str(out), "--overwrite"]) == 0
+    assert out.read_bytes() != first and out.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_a_file_thrifty_did_not_write_is_never_replaced_even_with_overwrite(tmp_path, capsys):
+    run = write_run(tmp_path / "run", [step(1)])
+    mine = tmp_path / "notes.html"
+    mine.write_text("<html><body>my own page</body></html>")
+    line = one_line_error(capsys, [str(run), "--out", str(mine), "--overwrite"])
+    assert line == (
+        f"thrifty: error: {mine} exists and thrifty did not write it: it is never replaced; "
+        "move it away, or give another --out"
+    )
+    (run / "report.html").write_text("my report, by hand")
+    line = one_line_error(capsys, [str(run)])
+    assert "report.html exists and thrifty did not write it" in line
+    assert "give --out FILE to write the report elsewhere" in line
+    assert write_run_report(run) is None  # a run's end leaves it too, with a warning
+    assert mine.read_text() == "<html><body>my own page</body></html>"
+    assert (run / "report.html").read_text() == "my report, by hand"
+
+
+def test_the_runs_own_report_html_is_rewritten_without_overwrite(tmp_path):
+    run = write_run(tmp_path / "run", [step(1)])
+    assert cli.main(["report", str(run)]) == 0
+    before = (run / "report.html").read_text()
+    write_run(run, [step(1), step(2, loss=1.0)])
+    assert cli.main(["report", str(run)]) == 0
+    assert (run / "report.html").read_text() != before

@@ -38,7 +38,7 @@ from thrifty.checkpoint.manifest import (
     verify_dir,
 )
 from thrifty.checkpoint.probe import probe_storage
-from thrifty.checkpoint.retention import checkpoints_to_keep, purge
+from thrifty.checkpoint.retention import SAVE_NAMES, checkpoints_to_keep, purge
 from thrifty.checkpoint.retry import RetryPolicy
 from thrifty.checkpoint.snapshot import HostBuffers, copy_to_host
 from thrifty.checkpoint.storage import (
@@ -189,6 +189,7 @@ class CheckpointManager:
         name = step_dir(step)
         folder = self._local.path(name)
         with self._io_lock:
+            self._check_ours(step)
             try:
                 self._local.delete(f"{name}/{MANIFEST}")  # stop trusting an old copy first
                 self._local.delete(name)
@@ -196,6 +197,17 @@ class CheckpointManager:
             except OSError as exc:
                 raise local_error(exc, f"prepare checkpoint step {step}", folder) from exc
         return folder
+
+    def _check_ours(self, step: int) -> None:
+        """Refuse to write into (and so later delete) a folder named like step `step`'s save
+        that holds anything a save does not write: it is someone else's."""
+        name = step_dir(step)
+        foreign = [n for n in self._local.list(name) if n not in SAVE_NAMES]
+        if foreign:
+            raise CheckpointError(
+                f"{self._local.path(name)} holds {', '.join(foreign[:3])}, which thrifty did "
+                "not write: it never writes into or deletes that folder; move it away"
+            )
 
     def _check_step(self, step: int) -> None:
         if self._closed:
@@ -399,6 +411,7 @@ class CheckpointManager:
     def _save_job(
         self, step: int, state: Any, metric: float | None, start: float, extra: tuple[str, ...]
     ) -> None:
+        self._check_ours(step)
         write_checkpoint(self._local, step, state, metric, extra)
         del state
         self._newest_written = step

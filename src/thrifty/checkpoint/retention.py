@@ -1,5 +1,5 @@
 """Which checkpoints to keep (the newest `keep_last`, plus the best by metric if asked), and
-deleting the others safely."""
+deleting the others safely: only folders that hold nothing but what a save writes."""
 
 from __future__ import annotations
 
@@ -7,8 +7,20 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
+from thrifty.checkpoint.loading import STATE_FILE
 from thrifty.checkpoint.manifest import MANIFEST, step_dir
 from thrifty.checkpoint.storage import Storage
+
+# What a save writes into its step folder (and the temporary names it writes them under).
+SAVE_NAMES = frozenset(
+    {STATE_FILE, f"{STATE_FILE}.tmp", MANIFEST, f"{MANIFEST}.tmp", "shards"}  # sharded.SHARDS_DIR
+)
+
+
+def holds_only_a_save(names: list[str]) -> bool:
+    """Whether a step folder's entries are all a save's own: a folder named like a save that
+    holds anything else is someone's, and is never written into or deleted."""
+    return all(name in SAVE_NAMES for name in names)
 
 
 def checkpoints_to_keep(
@@ -43,7 +55,8 @@ def purge(
 
     Only steps below the newest published one are touched, so a save in progress is never
     deleted. Folders whose manifest could not be read are not in `published` or `orphans` and
-    are never deleted. `call(fn, what)` runs each deletion (e.g. with retries); deleted steps
+    are never deleted; nor is a folder without a manifest that holds anything a save does not
+    write (it is not a killed save but someone's folder). `call(fn, what)` runs each deletion (e.g. with retries); deleted steps
     are removed from `published`.
     """
     newest = max(published, default=None)
@@ -57,4 +70,5 @@ def purge(
             call(partial(storage.delete, name), "purge")
     # Folders without a manifest below the newest step are leftovers of a killed save.
     for name in [step_dir(step) for step in orphans if step < newest]:
-        call(partial(storage.delete, name), "purge")
+        if holds_only_a_save(call(partial(storage.list, name), "purge")):
+            call(partial(storage.delete, name), "purge")

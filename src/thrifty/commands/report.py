@@ -30,13 +30,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="the HTML file to write (default RUN_DIR/report.html; required for several runs)",
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the --out file when it exists (never a file thrifty did not write)",
+    )
     parser.set_defaults(handler=run_report_command)
 
 
 def run_report_command(args: argparse.Namespace) -> int:
-    """Write the report and print its path."""
+    """Write the report and print its path; what was left out of a run's files is said on
+    stderr, one `thrifty: ...` line each."""
+    import logging
+
     from thrifty.reporting import render_report
 
-    path = render_report(args.run_dirs, out=args.out)
+    if not logging.getLogger("thrifty").hasHandlers():
+        logging.basicConfig(level=logging.WARNING, format="thrifty: %(message)s")
+    path = render_report(args.run_dirs, out=args.out, overwrite=args.overwrite)
     print(f"wrote {path}")
     return 0

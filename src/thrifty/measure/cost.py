@@ -456,7 +456,7 @@ def lost_work_before_resume(
     """`lost_work` of a run directory's metrics.jsonl; call it before truncating the file.
     No file (a new machine without the old run directory): nothing is known to be lost."""
     try:
-        with open(metrics_path, encoding="utf-8") as f:
+        with open(metrics_path, encoding="utf-8", errors="replace") as f:  # bad bytes: damage
             lines = f.read().splitlines()
     except FileNotFoundError:
         return LostWork()

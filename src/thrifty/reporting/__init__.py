@@ -14,9 +14,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from thrifty.errors import ThriftyError
+from thrifty.own_files import is_own_report
 from thrifty.reporting.runs import Run, Tune, load
 
-__all__ = ["REPORT_NAME", "Run", "Tune", "load", "render_report", "write_html", "write_run_report"]
+__all__ = [
+    "REPORT_NAME",
+    "Run",
+    "Tune",
+    "check_target",
+    "load",
+    "render_report",
+    "write_html",
+    "write_run_report",
+]
 
 REPORT_NAME = "report.html"
 log = logging.getLogger("thrifty")
@@ -25,13 +35,18 @@ log = logging.getLogger("thrifty")
 def render_report(
     paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str] | None = None,
+    *,
+    overwrite: bool = False,
 ) -> Path:
     """Write the report of the run (or tune) directory `paths`, or of each of several, to `out`
     and return its path.
 
-    `out` defaults to <dir>/report.html for one directory; several need it. Bad input (a
-    directory that is not a run, a run with no step recorded yet, an output that cannot be
-    written) raises ThriftyError with one line naming the problem and the fix."""
+    `out` defaults to <dir>/report.html for one directory, which is replaced when thrifty wrote
+    it; several need `out`. An `out` that exists is replaced only with `overwrite`, and never
+    when thrifty did not write it. Bad input (a directory that is not a run, a run with no
+    step recorded yet, an output that cannot or must not be written) raises ThriftyError with
+    one line naming the problem and the fix. What was left out of a run's files (damaged
+    lines, fields of the wrong type) is logged, one warning line each, and noted on the page."""
     from thrifty.reporting.page import render_page
 
     if isinstance(paths, str | os.PathLike):
@@ -46,7 +61,26 @@ def render_report(
         )
     items = unique_names([load(p) for p in paths])
     target = Path(out) if out is not None else Path(paths[0]) / REPORT_NAME
+    check_target(target, given=out is not None, overwrite=overwrite)
+    for item in items:
+        for note in item.notes if isinstance(item, Run) else ():
+            log.warning("%s", note)
     return write_html(render_page(items), target)
+
+
+def check_target(out: Path, *, given: bool, overwrite: bool) -> None:
+    """Refuse to replace a file thrifty did not write, and (`given` as --out) one it did
+    unless `overwrite`."""
+    if not out.is_file():
+        return
+    if not is_own_report(out):
+        where = "give another --out" if given else "give --out FILE to write the report elsewhere"
+        raise ThriftyError(
+            f"{out} exists and thrifty did not write it: it is never replaced; move it away, or "
+            f"{where}"
+        )
+    if given and not overwrite:
+        raise ThriftyError(f"{out} exists: give --overwrite to replace it, or another --out")
 
 
 def write_html(html: str, out: Path, fix: str = "give another --out") -> Path:
@@ -71,15 +105,17 @@ def write_html(html: str, out: Path, fix: str = "give another --out") -> Path:
 
 
 def write_run_report(run_dir: str | os.PathLike[str]) -> Path | None:
-    """Write <run_dir>/report.html at a run's end (finished or preempted). Never raises: a
-    report that cannot be made must not fail the run, so it logs one warning line and
-    returns None."""
+    """Write <run_dir>/report.html at a run's end (finished or preempted), replacing the one
+    thrifty wrote before but never a file it did not write. Never raises: a report that
+    cannot be made must not fail the run, so it logs one warning line and returns None."""
     try:
         from thrifty.reporting.page import render_page
 
         run = load(run_dir)
+        target = Path(run_dir) / REPORT_NAME
+        check_target(target, given=False, overwrite=True)
         fix = "the run itself is saved; run thrifty report RUN_DIR --out FILE to write it elsewhere"
-        return write_html(render_page([run]), Path(run_dir) / REPORT_NAME, fix)
+        return write_html(render_page([run]), target, fix)
     except ThriftyError as exc:
         log.warning("no report.html for %s: %s", run_dir, exc)
     except Exception as exc:  # a bug in the report must not cost the run its end

@@ -67,7 +67,8 @@ def _summary(run: Run, key: str) -> Any:
 
 
 def _measured(run: Run, key: str) -> Any:
-    return ((run.diagnosis or {}).get("measured") or {}).get(key)
+    measured = (run.diagnosis or {}).get("measured")
+    return measured.get(key) if isinstance(measured, dict) else None
 
 
 def attempts(run: Run) -> int:
@@ -141,24 +142,30 @@ def precision(run: Run) -> str:
 
 def batch(run: Run) -> Figure:
     """Micro-batch × accumulation steps, and the effective batch they make."""
-    micro = _summary(run, "micro_batch") or _measured(run, "micro_batch")
-    accumulation = _summary(run, "accumulation_steps") or _measured(run, "accumulation_steps")
-    effective = _summary(run, "effective_batch")
     configured = run.config.get("batch", {})
-    micro = micro or configured.get("micro")
-    if micro is None:
+    micro = _whole(_summary(run, "micro_batch")) or _whole(_measured(run, "micro_batch"))
+    accumulation = _whole(_summary(run, "accumulation_steps")) or _whole(
+        _measured(run, "accumulation_steps")
+    )
+    effective = _whole(_summary(run, "effective_batch"))
+    given = configured.get("micro")
+    if micro is None and given is None:
         return Figure("micro-batch × accumulation", "-")
-    if (
-        accumulation is None
-        and isinstance(configured.get("effective"), int)
-        and isinstance(micro, int)
-    ):
-        accumulation = max(1, configured["effective"] // micro)
+    shown = micro if micro is not None else given  # "auto" as configured, when not measured
+    micro = micro or _whole(given)
+    wanted = _whole(configured.get("effective"))
+    if accumulation is None and wanted is not None and micro is not None:
+        accumulation = max(1, wanted // micro)
     accumulation = accumulation or 1
-    if effective is None and isinstance(micro, int):
+    if effective is None and micro is not None:
         effective = micro * accumulation
     detail = f"effective batch {effective}" if effective else ""
-    return Figure("micro-batch × accumulation", f"{micro} × {accumulation}", detail)
+    return Figure("micro-batch × accumulation", f"{shown} × {accumulation}", detail)
+
+
+def _whole(value: Any) -> int | None:
+    """`value` when it is a positive whole number (a batch size), else None."""
+    return value if type(value) is int and value > 0 else None
 
 
 def headline(run: Run) -> list[Figure]:

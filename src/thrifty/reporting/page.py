@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from html import escape
 from typing import Any
 
+from thrifty.own_files import REPORT_MARK
 from thrifty.reporting import figures as fig
 from thrifty.reporting import series as ser
 from thrifty.reporting import tunes
 from thrifty.reporting.charts import MARK_NAMES, Chart
 from thrifty.reporting.runs import Run, Tune
+
+log = logging.getLogger("thrifty")
 
 RUN_SECTIONS = ("headline", "loss", "throughput", "breakdown", "system", "cost", "diagnosis")
 TITLES = {
@@ -107,7 +111,7 @@ def render_page(items: Sequence[Run | Tune], now: datetime.datetime | None = Non
             f'<a href="#r{i}-top">{escape(t.name)}</a>' for i, t in enumerate(items, 1)
         )
     return (
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">{REPORT_MARK}'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body><main>"
         f"<header><h1>{escape(title)}</h1><p>{paths} · written {stamp}</p>"
@@ -118,9 +122,11 @@ def render_page(items: Sequence[Run | Tune], now: datetime.datetime | None = Non
 def _nav(items: Sequence[Run | Tune]) -> list[str]:
     if len(items) > 1:
         return ["compare"] if sum(isinstance(i, Run) for i in items) > 1 else []
-    if isinstance(items[0], Tune):
+    run = items[0]
+    if isinstance(run, Tune):
         return ["headline", "tune", "waterfall"]
-    return [*RUN_SECTIONS, *(["ranks"] if fig.stragglers(items[0]) else [])]
+    ranks = _drawn(run, TITLES["ranks"], lambda: fig.stragglers(run))
+    return [*RUN_SECTIONS, *(["ranks"] if ranks else [])]
 
 
 def section(name: str, content: str, anchor: str = "") -> str:
@@ -135,26 +141,68 @@ def section(name: str, content: str, anchor: str = "") -> str:
 
 
 def run_sections(run: Run, anchor: str = "") -> list[str]:
-    charts = ser.run_charts(run)
-    parts = [
-        section("headline", tiles(fig.headline(run)), anchor),
-        section("loss", _chart(charts, "loss", anchor) + events_table(run), anchor),
-        section(
+    charts = _drawn(run, "the charts", lambda: ser.run_charts(run)) or {}
+    builders: list[tuple[str, Callable[[], str]]] = [
+        ("headline", lambda: tiles(fig.headline(run)) + notes_list(run)),
+        ("loss", lambda: _chart(charts, "loss", anchor) + events_table(run)),
+        (
             "throughput",
-            f'<div class="cols">{_chart(charts, "throughput", anchor)}{_chart(charts, "mfu", anchor)}</div>',
-            anchor,
+            lambda: (
+                f'<div class="cols">{_chart(charts, "throughput", anchor)}'
+                f"{_chart(charts, 'mfu', anchor)}</div>"
+            ),
         ),
-        section("breakdown", _chart(charts, "breakdown", anchor) + phases_table(run), anchor),
-        section("system", system_content(run, charts, anchor), anchor),
-        section("cost", _chart(charts, "cost", anchor) + cost_lines(run), anchor),
-        section("diagnosis", diagnosis_content(run), anchor),
+        ("breakdown", lambda: _chart(charts, "breakdown", anchor) + phases_table(run)),
+        ("system", lambda: system_content(run, charts, anchor)),
+        ("cost", lambda: _chart(charts, "cost", anchor) + cost_lines(run)),
+        ("diagnosis", lambda: diagnosis_content(run)),
     ]
-    ranks = fig.stragglers(run)
+    parts = [section(name, _content(run, name, build), anchor) for name, build in builders]
+    ranks = _drawn(run, TITLES["ranks"], lambda: fig.stragglers(run))
     if ranks is not None:
-        drawn = "".join(c.html(anchor) for c in ser.rank_charts(run) if c.has_data)
-        content = (f'<div class="cols">{drawn}</div>' if drawn else "") + table(*ranks)
-        parts.append(section("ranks", content, anchor))
+
+        def per_rank() -> str:
+            drawn = "".join(c.html(anchor) for c in ser.rank_charts(run) if c.has_data)
+            return (f'<div class="cols">{drawn}</div>' if drawn else "") + table(*ranks)
+
+        parts.append(section("ranks", _content(run, "ranks", per_rank), anchor))
     return parts
+
+
+def _content(item: Run | Tune | str, name: str, build: Callable[[], str]) -> str:
+    content = _drawn(item, TITLES[name], build)
+    if content is not None:
+        return str(content)
+    return (
+        f'<p class="muted">{escape(TITLES[name])}: left out, a value in its files is not what '
+        "thrifty writes (see the warning thrifty report printed).</p>"
+    )
+
+
+def _drawn(item: Run | Tune | str, what: str, build: Callable[[], Any]) -> Any:
+    """`build()`; None, with a warning naming the part, when a value in the files of `item`
+    (a run, a tune, or where they are) is not of the type it should be: a part of the page
+    left out, never a failed report."""
+    try:
+        return build()
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as exc:
+        log.warning(
+            "%s: %s left out of the report: a value in its files is not what thrifty "
+            "writes (%s: %s)",
+            item if isinstance(item, str) else item.path,
+            what,
+            type(exc).__name__,
+            exc,
+        )
+        return None
+
+
+def notes_list(run: Run) -> str:
+    """What was left out of the run's files, and why: damaged lines, fields of the wrong type."""
+    if not run.notes:
+        return ""
+    items = "".join(f"<li>{escape(note)}</li>" for note in run.notes)
+    return f'<ul class="plain note" data-notes>{items}</ul>'
 
 
 WHY_EMPTY = {
@@ -294,14 +342,15 @@ def diagnosis_content(run: Run) -> str:
         parts.append(
             f'<h3>Recommendations, in the order to try them</h3><ol class="recs">{items}</ol>'
         )
-    evidence = [str(e) for e in d.get("evidence") or []]
+    evidence = [str(e) for e in d.get("evidence") or [] if e is not None]
     if evidence:
         parts.append(
             '<h3>Evidence</h3><ul class="plain">'
             + "".join(f"<li>{escape(e)}</li>" for e in evidence)
             + "</ul>"
         )
-    guard = d.get("guard") or {}
+    guard = d.get("guard")
+    guard = guard if isinstance(guard, dict) else {}
     if guard.get("skipped_steps") or guard.get("rollbacks") or guard.get("diverged"):
         parts.append(f'<p class="note">guard: {escape(_guard_text(guard))}</p>')
     return "".join(parts)
@@ -311,7 +360,7 @@ def _guard_text(guard: dict[str, Any]) -> str:
     parts = []
     if guard.get("skipped_steps"):
         parts.append(f"{guard['skipped_steps']} non-finite steps skipped")
-    for r in guard.get("rollbacks") or []:
+    for r in [r for r in guard.get("rollbacks") or [] if isinstance(r, dict)]:
         parts.append(
             f"rolled back {r.get('from_step')} → {r.get('to_step')} ({r.get('steps_lost')} steps lost)"
         )
@@ -325,28 +374,37 @@ def _guard_text(guard: dict[str, Any]) -> str:
 
 
 def compare_section(runs: list[Run]) -> str:
-    header, rows = fig.comparison(runs)
-    charts = [ser.loss_chart(runs), ser.throughput_chart(runs), ser.cost_chart(runs)]
-    drawn = "".join(
-        dataclasses.replace(c, size="half").html("compare-") for c in charts if c.has_data
-    )
-    compared = f'<div class="compare">{table(header, rows)}</div>'
-    return section("compare", compared + f'<div class="cols">{drawn}</div>')
+    def compared() -> str:
+        header, rows = fig.comparison(runs)
+        charts = [ser.loss_chart(runs), ser.throughput_chart(runs), ser.cost_chart(runs)]
+        drawn = "".join(
+            dataclasses.replace(c, size="half").html("compare-") for c in charts if c.has_data
+        )
+        return f'<div class="compare">{table(header, rows)}</div><div class="cols">{drawn}</div>'
+
+    where = ", ".join(str(r.path) for r in runs)
+    return section("compare", _content(where, "compare", compared))
 
 
 def tune_sections(tune: Tune, anchor: str = "") -> list[str]:
-    header, rows = tunes.trials_table(tune)
-    notes = "".join(f"<li>{escape(n)}</li>" for n in tunes.tune_notes(tune))
-    winner = tune.data.get("winner_toml")
-    run_it = (
-        f'<p class="note">winner written to {escape(str(winner))}: thrifty train {escape(str(winner))}</p>'
-        if winner
-        else ""
-    )
+    def trials() -> str:
+        header, rows = tunes.trials_table(tune)
+        notes = "".join(f"<li>{escape(n)}</li>" for n in tunes.tune_notes(tune))
+        winner = tune.data.get("winner_toml")
+        run_it = (
+            f'<p class="note">winner written to {escape(str(winner))}: thrifty train '
+            f"{escape(str(winner))}</p>"
+            if winner
+            else ""
+        )
+        return table(header, rows) + run_it + f'<ul class="plain note">{notes}</ul>'
+
     return [
-        section("headline", tiles(tunes.tune_headline(tune)), anchor),
         section(
-            "tune", table(header, rows) + run_it + f'<ul class="plain note">{notes}</ul>', anchor
+            "headline", _content(tune, "headline", lambda: tiles(tunes.tune_headline(tune))), anchor
         ),
-        section("waterfall", tunes.waterfall_html(tune), anchor),
+        section("tune", _content(tune, "tune", trials), anchor),
+        section(
+            "waterfall", _content(tune, "waterfall", lambda: tunes.waterfall_html(tune)), anchor
+        ),
     ]

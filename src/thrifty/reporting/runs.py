@@ -5,8 +5,11 @@ evaluation `{"step", "val_loss"}`, or an event `{"step", "event": "resumed" | "r
 ...}`), and once the run ends diagnosis.json and (finished runs only) summary.json; its saves
 are folders under checkpoints/ with a manifest.json. A tune's --out holds tune.json.
 
-A run killed mid-write may leave its last metrics line cut short: that line is dropped. A
-directory with no step record yet has nothing to report and is refused with one line.
+A run killed mid-write may leave its last metrics line cut short: that line is dropped. Other
+damaged lines (bad bytes, not a JSON object) are left out too, and the page says which. A field
+of summary.json or diagnosis.json of the wrong type (a string where a number is expected, a
+list where a table is) is left out of the page, which names the file and the field (`notes`).
+A directory with no step record yet has nothing to report and is refused with one line.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class Run:
     checkpoints: list[int] = field(default_factory=list)
     summary: dict[str, Any] | None = None
     diagnosis: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)  # what was left out of its files, and why
 
     @property
     def finished(self) -> bool:
@@ -78,7 +82,8 @@ def load_run(path: Path) -> Run:
                 "metrics flush (every run.log_every steps), so there is nothing to report yet"
             )
         raise ThriftyError(f"{path} is not a run: it has no metrics.jsonl; give {WHAT_A_RUN_IS}")
-    records = read_records(metrics)
+    records, damaged = read_records(metrics)
+    notes = [_damage_note(metrics, damaged)] if damaged else []
     steps = [r for r in records if _is_step(r)]
     if not steps:
         raise ThriftyError(
@@ -86,6 +91,12 @@ def load_run(path: Path) -> Run:
             "flush (every run.log_every steps), so there is nothing to report"
         )
     events = [r for r in records if isinstance(r.get("event"), str)]
+    summary = _read_checked(path / "summary.json", SUMMARY_FIELDS, notes)
+    diagnosis = _read_checked(path / "diagnosis.json", DIAGNOSIS_FIELDS, notes)
+    if diagnosis is not None and isinstance(diagnosis.get("guard"), dict):
+        diagnosis["guard"] = _checked(
+            diagnosis["guard"], GUARD_FIELDS, f"{path / 'diagnosis.json'}: guard.", notes
+        )
     return Run(
         path=path,
         name=path.resolve().name,
@@ -94,33 +105,107 @@ def load_run(path: Path) -> Run:
         evals=[(int(r["step"]), float(r["val_loss"])) for r in records if _is_eval(r)],
         events=events,
         checkpoints=_checkpoint_steps(path, steps, events),
-        summary=_read_optional(path / "summary.json"),
-        diagnosis=_read_optional(path / "diagnosis.json"),
+        summary=summary,
+        diagnosis=diagnosis,
+        notes=notes,
     )
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl's records. A last line cut short (the process was killed mid-write) is
-    dropped; a bad line before it means the file was damaged, and is refused."""
+def read_records(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """metrics.jsonl's records, and the numbers of its damaged lines (not JSON, bad bytes, not
+    an object with a whole-number step), which are left out. A last line cut short (the
+    process was killed mid-write, or is writing it now) is dropped without a word."""
     try:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError as exc:
         raise ThriftyError(f"cannot read {path}: {exc.strerror}") from exc
     numbered = [(i, line) for i, line in enumerate(lines, 1) if line.strip()]
-    records = []
+    records, damaged = [], []
     for position, (number, line) in enumerate(numbered):
         try:
             record = json.loads(line)
-        except ValueError:
-            if position == len(numbered) - 1:
-                break  # cut short by a kill: the records before it are whole
-            raise ThriftyError(
-                f"{path} line {number} is not JSON: the file was damaged; "
-                "delete that line to report the rest"
-            ) from None
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
+        except (ValueError, RecursionError):
+            if position < len(numbered) - 1:
+                damaged.append(number)
+            continue
+        if isinstance(record, dict) and type(record.get("step")) is int:
             records.append(record)
-    return records
+        elif not (isinstance(record, dict) and "step" not in record):
+            damaged.append(number)
+    return records, damaged
+
+
+def _damage_note(path: Path, numbers: list[int]) -> str:
+    shown = ", ".join(str(n) for n in numbers[:5]) + (", ..." if len(numbers) > 5 else "")
+    lines = "line" if len(numbers) == 1 else "lines"
+    return (
+        f"{path}: {len(numbers)} damaged {lines} left out ({lines} {shown}: cut short, bad "
+        "bytes, or not a record)"
+    )
+
+
+# The fields the page reads, and the type each must have; null counts as absent.
+NUMBER, WHOLE, TEXT, TABLE, LIST = (
+    "a number",
+    "a positive whole number",
+    "text",
+    "a table",
+    "a list",
+)
+SUMMARY_FIELDS = {
+    **dict.fromkeys(("steps", "samples", "tokens", "wall_seconds", "mfu", "world_size"), NUMBER),
+    **dict.fromkeys(("tokens_per_second", "samples_per_second"), NUMBER),
+    **dict.fromkeys(("micro_batch", "accumulation_steps", "effective_batch"), WHOLE),
+    **dict.fromkeys(("stop_reason", "precision", "strategy"), TEXT),
+    **dict.fromkeys(("cost", "breakdown", "guard"), TABLE),
+}
+DIAGNOSIS_FIELDS = {
+    "bottleneck": TEXT,
+    "recommendations": LIST,
+    "evidence": LIST,
+    **dict.fromkeys(("guard", "measured", "breakdown", "straggler"), TABLE),
+}
+GUARD_FIELDS = {"skipped_steps": NUMBER, "rollbacks": LIST}
+
+
+def _fits(value: Any, kind: str) -> bool:
+    if kind == TABLE:
+        return isinstance(value, dict)
+    if kind == LIST:
+        return isinstance(value, list)
+    if kind == TEXT:
+        return isinstance(value, str)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return kind == NUMBER or (isinstance(value, int) and value > 0)
+
+
+def _kind_of(value: Any) -> str:
+    names = {bool: "true/false", str: "text", list: "a list", dict: "a table"}
+    return names.get(type(value), "a number" if isinstance(value, int | float) else "null")
+
+
+def _checked(
+    data: dict[str, Any], fields: Mapping[str, str], where: str, notes: list[str]
+) -> dict[str, Any]:
+    """`data` without the fields of the wrong type (one note each, naming `where` and the
+    field) and without nulls (absent)."""
+    kept = {}
+    for key, value in data.items():
+        kind = fields.get(key)
+        if value is None:
+            continue
+        if kind is not None and not _fits(value, kind):
+            notes.append(f"{where}{key} is {_kind_of(value)}, not {kind}: left out of the report")
+            continue
+        kept[key] = value
+    return kept
+
+
+def _read_checked(path: Path, fields: Mapping[str, str], notes: list[str]) -> dict[str, Any] | None:
+    """A JSON file the run writes when it ends (None before), its fields checked."""
+    data = _read_optional(path)
+    return None if data is None else _checked(data, fields, f"{path}: ", notes)
 
 
 def _is_step(record: Mapping[str, Any]) -> bool:
@@ -154,13 +239,15 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    """config.toml's tables; {} when it is missing or unreadable (the report can do without)."""
+    """config.toml's tables (its other keys left out); {} when it is missing or unreadable
+    (the report can do without)."""
     from thrifty.config import toml_loads
 
     try:
-        return toml_loads(path.read_text(encoding="utf-8"))
+        tables = toml_loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
+    return {name: table for name, table in tables.items() if isinstance(table, dict)}
 
 
 def _checkpoint_steps(
@@ -171,7 +258,7 @@ def _checkpoint_steps(
     seen = {
         int(r["step"])
         for r in steps
-        if isinstance(r.get("breakdown"), dict) and (r["breakdown"].get("checkpoint") or 0) > 0
+        if isinstance(r.get("breakdown"), dict) and _positive(r["breakdown"].get("checkpoint"))
     }
     for event in events:
         went_to = event["step"] if event["event"] == "resumed" else event.get("to_step")
@@ -184,6 +271,10 @@ def _checkpoint_steps(
             if isinstance(step, int):
                 seen.add(step)
     return sorted(seen)
+
+
+def _positive(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and value > 0
 
 
 def _read_manifest(path: Path) -> dict[str, Any] | None:

@@ -29,8 +29,10 @@ from thrifty.config import (
     dump_toml,
     flatten_keys,
     parse_duration,
+    toml_loads,
 )
 from thrifty.errors import ConfigError
+from thrifty.own_files import CONFIG_HEADER_LINE
 
 Kind = Literal["safe", "optimization"]
 SAFE: Kind = "safe"
@@ -258,6 +260,14 @@ def _budget_value(key: str, value: Any) -> float | None:
     return parse_duration(value, key) if key == "run.max_time" else float(value)
 
 
+def same_config(saved: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
+    """Whether `current` (`to_dict(secrets=False)`) is the config a run's config.toml holds
+    (`read_saved_config`), read back as TOML so that a tuple equals the list it was written
+    as. Where the run directory is (run.out) is no difference: this is that directory."""
+    written = toml_loads(dump_toml(current))
+    return not [c for c in diff_configs(saved, written) if c.key != "run.out"]
+
+
 def budget_grew(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[Change]:
     """The budget keys (run.max_steps, max_tokens, max_time, max_epochs) that are larger now
     or no longer set: what lets a finished run be resumed to train further."""
@@ -277,8 +287,6 @@ def budget_grew(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[Ch
 
 
 def _read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    from thrifty.config import toml_loads
-
     try:
         return toml_loads(Path(path).read_text())
     except OSError as exc:
@@ -305,8 +313,10 @@ def write_run_config(
     changes: Sequence[Change] = (),
     resumed: bool = False,
 ) -> None:
-    """Write config.toml atomically: `config` (pass `to_dict(secrets=False)`) and, after a
-    resume, one `[[config_changes]]` table per change with the step, key, old and new values.
+    """Write config.toml atomically: a header line that marks it as thrifty's (so that it is
+    told from a user's config.toml: thrifty.own_files), `config` (pass
+    `to_dict(secrets=False)`) and, after a resume, one `[[config_changes]]` table per change
+    with the step, key, old and new values.
 
     Entries from earlier resumes are kept, except those at or after `step` (a resume from an
     earlier checkpoint replays them). `load_config` skips the table, so `thrifty train
@@ -321,7 +331,7 @@ def write_run_config(
     if history:
         data[HISTORY_TABLE] = history
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(dump_toml(data))
+    tmp.write_text(CONFIG_HEADER_LINE + dump_toml(data))
     os.replace(tmp, path)
 
 

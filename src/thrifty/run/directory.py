@@ -6,13 +6,18 @@ import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from thrifty.errors import ThriftyError
 from thrifty.redact import redact_value
 
-RUN_FILES = ("metrics.jsonl", "summary.json")
+RUN_FILES = ("metrics.jsonl", "summary.json")  # a directory holding either holds a run
+DAMAGED_SUFFIX = ".damaged"
+# What a run writes and starting it over removes (config.toml is written again at the start;
+# checkpoints are run.opening's).
+RUN_OUTPUTS = (*RUN_FILES, "diagnosis.json", "report.html", "metrics.jsonl" + DAMAGED_SUFFIX)
 
 
 def default_run_dir(name: str) -> Path:
@@ -24,7 +29,9 @@ def prepare_run_dir(
     path: str | os.PathLike[str], overwrite: bool = False, resuming: bool = False
 ) -> Path:
     """Create the run directory; refuse one that already holds a run unless `overwrite`
-    (which clears its metrics and summary) or `resuming` (which keeps them)."""
+    (which removes what the run wrote: RUN_OUTPUTS) or `resuming` (which keeps it).
+
+    The caller has checked that those files are thrifty's (thrifty.run.ownership)."""
     path = Path(path)
     existing = [] if resuming else [f for f in RUN_FILES if (path / f).exists()]
     if existing and not overwrite:
@@ -36,8 +43,9 @@ def prepare_run_dir(
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ThriftyError(f"cannot create run directory {path}: {exc.strerror}") from exc
-    for name in existing:
-        (path / name).unlink()
+    if overwrite and not resuming:
+        for name in RUN_OUTPUTS:
+            (path / name).unlink(missing_ok=True)
     return path
 
 
@@ -110,21 +118,79 @@ class MetricsLog:
             sink.close()
 
 
-def truncate_metrics(path: str | os.PathLike[str], step: int) -> None:
-    """Drop records after `step`: a resumed run writes those steps again."""
+@dataclass(frozen=True)
+class MetricsCut:
+    """What a resume found in metrics.jsonl: its whole records (before the cut, for the work
+    lost), and how many damaged lines it set aside in `aside`."""
+
+    records: list[dict[str, Any]]
+    damaged: int = 0
+    aside: Path | None = None
+
+
+def damaged_path(path: str | os.PathLike[str]) -> Path:
+    """Where the damaged lines of metrics.jsonl are set aside: metrics.jsonl.damaged."""
     path = Path(path)
-    if not path.exists():
-        return
-    keep = [
-        line
-        for line in path.read_text().splitlines(keepends=True)
-        if line.strip() and json.loads(line).get("step", 0) <= step
-    ]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(keep))
-    os.replace(tmp, path)
+    return path.with_name(path.name + DAMAGED_SUFFIX)
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    """The record a line holds; None for damage: cut short, bad bytes, not a JSON object, or
+    a step that is not a whole number."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    if not isinstance(record, dict) or type(record.get("step", 0)) is not int:
+        return None
+    return record
+
+
+def _split(data: bytes) -> tuple[list[tuple[bytes, dict[str, Any]]], list[bytes]]:
+    """The whole records (each with its line as written) and the damaged lines of `data`."""
+    good, bad = [], []
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        record = _record(line)
+        if record is None:
+            bad.append(line)
+        else:
+            good.append((line, record))
+    return good, bad
+
+
+def truncate_metrics(path: str | os.PathLike[str], step: int) -> MetricsCut:
+    """Drop records after `step` (a resumed run writes those steps again), and set damaged
+    lines aside in metrics.jsonl.damaged (appended as they were), so that a line cut short by
+    a kill, bad bytes or a line that is not a record never stops a resume. Every whole record
+    up to `step` is kept, as it was written."""
+    path = Path(path)
+    try:
+        good, bad = _split(path.read_bytes())
+    except FileNotFoundError:
+        return MetricsCut([])
+    except OSError as exc:
+        raise ThriftyError(f"cannot read {path}: {exc.strerror}") from exc
+    aside = damaged_path(path) if bad else None
+    keep = b"".join(line + b"\n" for line, record in good if record.get("step", 0) <= step)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        if aside is not None:
+            with open(aside, "ab") as f:
+                f.writelines(line + b"\n" for line in bad)
+        tmp.write_bytes(keep)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ThriftyError(
+            f"cannot rewrite {path} to resume: {exc.strerror}; free space on its disk and "
+            "run the same command again"
+        ) from exc
+    return MetricsCut([record for _, record in good], len(bad), aside)
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """metrics.jsonl's records, in order; damaged lines (cut short, bad bytes, not a JSON
+    object) are left out."""
+    good, _ = _split(Path(path).read_bytes())
+    return [record for _, record in good]

@@ -1,32 +1,38 @@
-"""Opening a run directory (rank 0): one writer, a finished run kept, the checkpoint to resume
-from chosen, and the run's config and metrics log written once the state is loaded.
+"""Opening a run directory (rank 0): one writer, nothing thrifty did not write written over, a
+finished run kept, the checkpoint to resume from chosen, and the run's config and metrics log
+written once the state is loaded.
 
-A directory with summary.json holds a finished run and is refused unless the budget grew (it
-is then trained further) or run.overwrite; one with checkpoints is resumed (checkpoint.resume
-= auto), never silently started over.
+A directory with summary.json holds a finished run: with the same config there is nothing to
+do (RunAlreadyFinished, exit code 0); with a larger budget it is trained further; with another
+config it is refused unless run.overwrite. One with checkpoints is resumed (checkpoint.resume =
+auto), never silently started over. Damaged lines of its metrics.jsonl are set aside.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from thrifty.checkpoint import CheckpointInfo
 from thrifty.config import CheckpointConfig, TrainConfig
-from thrifty.errors import ThriftyError
-from thrifty.measure.cost import LostWork, lost_work_before_resume
+from thrifty.errors import RunAlreadyFinished, ThriftyError
+from thrifty.measure.cost import LostWork, lost_work
 from thrifty.run.config_changes import (
+    Change,
     ResumeChanges,
     budget_grew,
     format_applied,
     read_saved_config,
+    same_config,
     write_run_config,
 )
 from thrifty.run.directory import MetricsLog, default_run_dir, prepare_run_dir, truncate_metrics
 from thrifty.run.lock import RunLock
 from thrifty.run.loggers import build_loggers, require_packages
+from thrifty.run.ownership import check_run_dir, checkpoint_folder, remove_checkpoints
 from thrifty.run.saves import SpotGuard
 
 log = logging.getLogger("thrifty")
@@ -73,17 +79,11 @@ def claim_run_dir(config: TrainConfig, interface: str) -> Claimed:
 
 def _claim(config: TrainConfig, interface: str, run_dir: Path, lock: RunLock) -> Claimed:
     r, c = config.run, config.checkpoint
+    # Before anything is written: nothing thrifty did not write is in the way.
+    check_run_dir(run_dir, c, overwrite=r.overwrite, interface=interface)
     extending = (run_dir / "summary.json").exists() and not r.overwrite
     if extending:
-        saved = run_dir / "config.toml"
-        current = config.to_dict(secrets=False)
-        grew = budget_grew(read_saved_config(saved), current) if saved.exists() else []
-        if not grew:
-            raise ThriftyError(
-                f"run directory {run_dir} holds a finished run (summary.json): "
-                + choices(interface, "another", "start it over")
-                + ", or give a larger budget to train it further"
-            )
+        grew = _finished_run(config, interface, run_dir)
         log.info("extending the finished run: %s", ", ".join(g.describe() for g in grew))
     saves = SpotGuard(c, config.spot, run_dir)
     saves.probe()  # a read-only dir, a file, a missing bucket: fail before step 1
@@ -109,10 +109,57 @@ def _claim(config: TrainConfig, interface: str, run_dir: Path, lock: RunLock) ->
     return Claimed(run_dir, lock, saves, ref, why, extending)
 
 
+def _finished_run(config: TrainConfig, interface: str, run_dir: Path) -> list[Change]:
+    """A finished run: the budgets that grew, to train it further. With the same config there
+    is nothing to do (RunAlreadyFinished); with another it is refused, as it is when its
+    config.toml is missing or it diverged (a failure, not a result to hand back)."""
+    path = run_dir / "config.toml"
+    saved = read_saved_config(path) if path.exists() else None
+    current = config.to_dict(secrets=False)
+    grew = budget_grew(saved, current) if saved is not None else []
+    if grew:
+        return grew
+    summary = _read_summary(run_dir)
+    if (
+        saved is not None
+        and summary.get("stop_reason") != "diverged"
+        and same_config(saved, current)
+    ):
+        raise RunAlreadyFinished(_done_message(run_dir, summary, interface), run_dir, summary)
+    raise ThriftyError(
+        f"run directory {run_dir} holds a finished run (summary.json): "
+        + choices(interface, "another", "start it over")
+        + ", or give a larger budget to train it further"
+    )
+
+
+def _read_summary(run_dir: Path) -> dict[str, Any]:
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def _done_message(run_dir: Path, summary: dict[str, Any], interface: str) -> str:
+    steps, reason = summary.get("steps"), summary.get("stop_reason")
+    how = f" ({steps} steps, stopped by {reason})" if isinstance(steps, int) and reason else ""
+    again = (
+        "--overwrite starts it over, a larger budget (--steps) trains it further"
+        if interface == "cli"
+        else "RunConfig(overwrite=True) starts it over, a larger budget trains it further"
+    )
+    return (
+        f"run directory {run_dir} is done: it holds a finished run of this config{how}, so "
+        f"there is nothing to train; {again}"
+    )
+
+
 def remove_local_checkpoints(run_dir: Path, checkpoint: CheckpointConfig) -> None:
-    """--overwrite starts over: old checkpoints in the run directory must not be resumed later."""
-    if checkpoint.location is None and (run_dir / "checkpoints").is_dir():
-        shutil.rmtree(run_dir / "checkpoints")
+    """--overwrite starts over: old checkpoints in the run directory must not be resumed later.
+    Only thrifty's saves are deleted (`check_run_dir` refused anything else)."""
+    if checkpoint.location is None:
+        remove_checkpoints(checkpoint_folder(run_dir, checkpoint))
 
 
 def record_opening(
@@ -128,13 +175,25 @@ def record_opening(
     resumed run's metrics past the checkpoint are cut (and the work they held billed). The
     log feeds the loggers `config.log` asks for (rank 0's, as the log is)."""
     run_dir, resumed = claimed.run_dir, claimed.resume is not None
+    metrics = run_dir / "metrics.jsonl"
     if resumed:
+        cut = truncate_metrics(metrics, step)
+        if cut.damaged:
+            log.warning(
+                "%s held %d damaged line%s (cut short by a kill or a full disk, bad bytes, or "
+                "not a record): set aside in %s; its %d whole records are kept",
+                metrics,
+                cut.damaged,
+                "s" if cut.damaged > 1 else "",
+                cut.aside,
+                len(cut.records),
+            )
         # Steps past the checkpoint were paid for and are done again: bill them.
-        metrics = run_dir / "metrics.jsonl"
-        claimed.lost = lost_work_before_resume(metrics, step, seconds)
-        truncate_metrics(metrics, step)
+        claimed.lost = lost_work(cut.records, step, seconds)
         if claimed.extending:  # unfinished again: an interruption now resumes as usual
             (run_dir / "summary.json").unlink(missing_ok=True)
+    # metrics.jsonl first: a config.toml with no run beside it is not taken for thrifty's.
+    metrics.touch()
     write_run_config(
         run_dir / "config.toml",
         config.to_dict(secrets=False),
@@ -143,7 +202,7 @@ def record_opening(
         resumed=resumed,
     )
     loggers = build_loggers(config, run_dir, step=step, resumed=resumed)
-    metrics_log = MetricsLog(run_dir / "metrics.jsonl", sinks=loggers)
+    metrics_log = MetricsLog(metrics, sinks=loggers)
     if resumed:
         metrics_log.write([{"step": step, "event": "resumed", **claimed.lost.to_record()}])
     applied = format_applied(changes, kept_horizon=kept_horizon) if resumed else None

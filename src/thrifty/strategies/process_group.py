@@ -39,6 +39,7 @@ class RankError(ThriftyError):
     """An error rank 0 reported and shared; the other ranks raise it too but do not print it."""
 
     reported_by_rank0 = True
+    exit_code = 2  # as any ThriftyError; 0 when rank 0 found nothing to do (a finished run)
 
 
 def launched_by_torchrun() -> bool:
@@ -134,16 +135,20 @@ class Distributed:
                 payload[0] = ("ok", fn())
             except ThriftyError as exc:
                 error = exc
-                payload[0] = ("error", str(exc))
+                # exit code 0 (a finished run: nothing to do) is shared too, not made an error
+                payload[0] = ("error", str(exc), getattr(exc, "exit_code", None))
             except BaseException as exc:
                 error = exc
                 payload[0] = ("error", f"rank 0 failed: {type(exc).__name__}: {exc}")
         dist.broadcast_object_list(payload, src=0, group=self.control)
         if error is not None:
             raise error
-        kind, value = payload[0]
+        kind, value, *code = payload[0]
         if kind == "error":
-            raise RankError(value)
+            shared = RankError(value)
+            if code and code[0] == 0:
+                shared.exit_code = 0
+            raise shared
         return value
 
     def barrier(self) -> None:
