@@ -16,6 +16,7 @@ from typing import NoReturn
 from thrifty.commands.common import EXIT_USAGE
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.redact import redact_text
+from thrifty.run.stop_signals import EXIT_PREEMPTED, StopRequested, StopSignals, stopping
 
 # Modules that contribute subcommands, in the order `thrifty --help` lists them.
 COMMAND_MODULES = (
@@ -29,6 +30,9 @@ COMMAND_MODULES = (
     "thrifty.commands.report",
     "thrifty.commands.fleet",
 )
+
+# Commands that train: a stop signal from their first moment is a clean stop (exit 75).
+TRAINING_COMMANDS = ("train", "demo")
 
 RANK0_GRACE_SECONDS = 5.0
 
@@ -49,12 +53,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] and words[0] in TRAINING_COMMANDS:
+        # Before the commands are even imported: the launcher's SIGTERM can come at any time.
+        with stopping() as stops:
+            try:
+                return _main(words, stops)
+            except StopRequested:  # a stop before the first step: nothing to save yet
+                return _stopped(stops)
+    return _main(words, None)
+
+
+def _main(words: list[str], stops: StopSignals | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(words)
     if getattr(args, "handler", None) is None:
         parser.print_help()
         return EXIT_USAGE
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.argv = words
     try:
         code = int(args.handler(args) or 0)
         sys.stdout.flush()  # a closed pipe is seen here, not at the interpreter's exit
@@ -63,9 +79,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _discard_stdout()
         return 0
     except ThriftyError as exc:
+        if stops is not None and _ended_by_stop(stops, exc):
+            return _stopped(stops, exc)
         _report(exc)
         return int(getattr(exc, "exit_code", EXIT_USAGE))
     except Exception as exc:
+        if stops is not None and _ended_by_stop(stops, exc):
+            return _stopped(stops, exc)
         if not _lost_a_rank(exc):
             raise
         rank = os.environ.get("RANK", "0")
@@ -77,9 +97,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    except KeyboardInterrupt:
-        print("thrifty: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # its words: what a forced stop lost, if anything
+        print(f"thrifty: interrupted{f': {exc}' if str(exc) else ''}", file=sys.stderr)
         return 130
+
+
+def _ended_by_stop(stops: StopSignals, exc: Exception) -> bool:
+    """An error during set-up after a stop signal came: most likely its doing (a rank the stop
+    took away, a worker it killed). Bad input (exit code 2) and nothing to do (0) stay so."""
+    if not stops.requested or stops.past_set_up:
+        return False
+    if not isinstance(exc, ThriftyError):
+        return True
+    return getattr(exc, "exit_code", EXIT_USAGE) not in (0, EXIT_USAGE)
+
+
+def _stopped(stops: StopSignals, cause: BaseException | None = None) -> int:
+    """A stop before the first step: one line (rank 0's), and the exit code to start again."""
+    if os.environ.get("RANK", "0") == "0":
+        print(redact_text(stops.line(cause)), file=sys.stderr)
+    return EXIT_PREEMPTED
 
 
 def _discard_stdout() -> None:
@@ -109,7 +146,10 @@ def _report(exc: ThriftyError) -> None:
     their rank."""
     rank = os.environ.get("RANK", "0")
     message = redact_text(str(exc))
-    if rank == "0":
+    if getattr(exc, "exit_code", EXIT_USAGE) == 0:  # nothing to do (a finished run): no error
+        if rank == "0":
+            print(f"thrifty: {message}", file=sys.stderr)
+    elif rank == "0":
         print(f"thrifty: error: {message}", file=sys.stderr)
     elif not isinstance(exc, ConfigError) and not getattr(exc, "reported_by_rank0", False):
         print(f"thrifty: error: rank {rank}: {message}", file=sys.stderr)

@@ -40,6 +40,7 @@ from thrifty.levers.micro_batch import (
     Halving,
     MicroSearch,
     first_sample,
+    is_out_of_memory,
     measure_micro,
     scaled_count,
 )
@@ -56,6 +57,7 @@ from thrifty.run.evaluation import validation_loss
 from thrifty.run.guard import RunGuard, guarded_step
 from thrifty.run.rng import seed_everything
 from thrifty.run.state import FitResult, RunClock, TrainState
+from thrifty.run.stop_signals import StopSignals, active_stop_signals
 from thrifty.run.summary import fit_result, write_outputs
 from thrifty.run.watch import RunWatch
 from thrifty.strategies import make_strategy
@@ -301,7 +303,12 @@ class Trainer:
 
     def _fit(self) -> FitResult:
         wall_start = time.perf_counter()
+        # `thrifty train` answers a stop signal before the loop with "nothing to save yet"
+        # (StopRequested): checked where nothing is half-done, on every rank together.
+        stops = active_stop_signals()
+        stops.check(self._agreed)  # before the run directory is claimed
         self.run_dir = self.checkpointer.open(self.interface)
+        stops.resume_step = self.state.step
         monitor = instruments.build_monitor(
             self.config,
             self.device,
@@ -313,21 +320,15 @@ class Trainer:
             progress=self.state,
             lost=self.checkpointer.lost,
         )
-        if self.state.step == 0:
-            self.state.initial_val_loss = self.state.val_loss = self.evaluate()
-        # A run preempted at its last step resumes with its budget spent: no step more. An
-        # evaluation the preemption put off comes first, as it would have.
         s = self.state
-        finished = self.budget.exceeded(s.step, s.tokens, s.seconds)
-        if s.eval_pending:
-            stop = self.watch.evaluated(self.evaluate())  # always evaluated: `or` would skip it
-            finished = finished or stop
-        reason = finished or "data_exhausted"
-        windows = self.batches.windows(s, self.dist) if finished is None else iter(())
-        clock = RunClock(s.seconds)
-        self.checkpointer.start()
-        self.dist.timeouts.begin(s.step)
         try:
+            stops.check(self._agreed)  # the checkpoint is loaded: still nothing to save
+            reason, windows = self._before_loop(stops)
+            clock = RunClock(s.seconds)
+            self.checkpointer.start()  # from here a stop signal saves a checkpoint
+            stops.check(self._agreed)  # one that came before the watcher took over
+            stops.past_set_up = True
+            self.dist.timeouts.begin(s.step)
             with maybe_trace(self.config.measure.trace, self.config.measure.trace_steps) as trace:
                 clock.step_start = time.perf_counter()
                 monitor.start()  # the first sync point: intervals are measured sync to sync
@@ -343,8 +344,9 @@ class Trainer:
             reason = self.watch.flush(monitor) or reason
             if self.batches.error is not None:
                 # The data raised (a worker lost to the group's SIGTERM, a source gone): every
-                # finished step is saved, and a stop that was asked for is a preemption.
-                self.checkpointer.save(emergency=True)
+                # finished step is saved, and a stop that was asked for is a preemption (its
+                # save an emergency one; a source gone is no preemption, nor another rank's).
+                self.checkpointer.save(emergency=self.checkpointer.preempted)
                 reason = "preempted" if self.checkpointer.preempted else "data_error"
             # A diverged run keeps its last good checkpoint as the newest.
             final = reason not in ("preempted", "diverged", "data_error")
@@ -368,6 +370,27 @@ class Trainer:
                 "saved: fix the source and run the same command to resume there"
             )
         return result
+
+    def _agreed(self, flag: bool) -> bool:
+        """Whether any rank raised `flag` (a collective: every rank asks at the same point)."""
+        return self.dist.any_of(flag)[0]
+
+    def _before_loop(self, stops: StopSignals) -> tuple[str, Any]:
+        """The evaluations before the first step, which a stop signal ends at once: the initial
+        one, or one a preemption put off (it comes first, as it would have). Returns the stop
+        reason if the loop ends without a step, and the windows to train on: none when the run
+        was preempted at its last step, its budget spent."""
+        s = self.state
+        with stops.interruptible():
+            if s.step == 0:
+                s.initial_val_loss = s.val_loss = self.evaluate()
+            pending = self.evaluate() if s.eval_pending else None
+        finished = self.budget.exceeded(s.step, s.tokens, s.seconds)
+        if s.eval_pending:
+            stop = self.watch.evaluated(pending)  # always recorded: `or` would skip it
+            finished = finished or stop
+        windows = self.batches.windows(s, self.dist) if finished is None else iter(())
+        return finished or "data_exhausted", windows
 
     def _step(self, window: list[Any], monitor: RunMonitor, clock: RunClock) -> str | None:
         """One optimizer step on `window` and its boundary; the stop reason, or None."""
@@ -494,7 +517,9 @@ class Trainer:
             if failed is None:
                 try:
                     share = self._micro_step(batch, weight, i == last, timer)
-                except torch.OutOfMemoryError as exc:
+                except RuntimeError as exc:  # a device's OutOfMemoryError, or the CPU's
+                    if not is_out_of_memory(exc):
+                        raise
                     failed = str(exc)
                 else:
                     window_loss = share if window_loss is None else window_loss + share
@@ -565,6 +590,8 @@ class Trainer:
             # builds, or from a run that diverged.
             reason = self.watch.flush(monitor, self.watch.current(loss, skipped)) or reason
             if preempted or not (self.watch.suspect or reason == "diverged"):
+                if preempted and self.checkpointer.saves is not None:
+                    self.checkpointer.saves.emergency_begins(s.step)  # for a Ctrl-C meanwhile
                 monitor.timer.add("checkpoint", self.checkpointer.save(emergency=preempted))
         return reason
 

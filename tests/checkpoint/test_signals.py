@@ -191,6 +191,6 @@ def test_sigusr1_to_the_nprocs_launcher_reaches_every_rank_and_ends_with_75(tmp_
     command = [sys.executable, "-m", "thrifty", "train", str(job(tmp_path)), "--nprocs", "2"]
     code, _, stderr = signal_after([*command, "--out", str(out)], out, signal.SIGUSR1)
     assert code == 75, stderr[-3000:]
-    assert "thrifty: stopped by SIGUSR1; every rank was told to save" in stderr
+    assert "thrifty: stopped by SIGUSR1; every rank was told to stop, saving a checkpoint" in stderr
     assert "saving an emergency checkpoint" in stderr and "Traceback" not in stderr
     assert len(emergency_checkpoints(out)) == 1

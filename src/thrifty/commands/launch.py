@@ -176,8 +176,9 @@ def launch(
         watched = parse_signals(signals)
         if exc.sigval in watched and exc.sigval != signal.SIGINT:
             print(
-                f"thrifty: stopped by {exc.sigval.name}; every rank was told to save an emergency "
-                f"checkpoint: run the same command to resume (exit code {EXIT_PREEMPTED})",
+                f"thrifty: stopped by {exc.sigval.name}; every rank was told to stop, saving a "
+                "checkpoint if it had a step to save: run the same command to resume (exit code "
+                f"{EXIT_PREEMPTED})",
                 file=sys.stderr,
             )
             return EXIT_PREEMPTED

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from thrifty.run.stop_signals import StopSignals
+    from thrifty.trainer import Trainer
 
 HELP_SET = "override a config value, e.g. --set batch.micro=8 (repeatable)"
 
@@ -103,16 +107,33 @@ def _overrides(args: argparse.Namespace) -> list[tuple[str, Any]]:
 def run_demo(args: argparse.Namespace) -> int:
     from thrifty.config import load_config
     from thrifty.demo import DEMO_CONFIG
+    from thrifty.run.stop_signals import stopping
 
-    config = load_config(None, _overrides(args), base=DEMO_CONFIG)
-    return _launch(args, config) if _launching(args) else _train(config)
+    with stopping() as stops:
+        config = load_config(None, _overrides(args), base=DEMO_CONFIG)
+        return _run(args, config, stops)
 
 
 def run_train(args: argparse.Namespace) -> int:
     from thrifty.config import load_config
+    from thrifty.run.stop_signals import stopping
 
-    config = load_config(args.config, _overrides(args))  # bad input fails here, once
-    return _launch(args, config) if _launching(args) else _train(config)
+    with stopping() as stops:  # the default stop signals until the config names its own
+        config = load_config(args.config, _overrides(args))  # bad input fails here, once
+        return _run(args, config, stops)
+
+
+def _run(args: argparse.Namespace, config: Any, stops: StopSignals) -> int:
+    """Train in this process, or launch `--nprocs` of them. A stop signal before the first
+    step raises StopRequested (see `thrifty.run.stop_signals`), which the command line ends
+    with exit code 75 and one line."""
+    launching = _launching(args)
+    stops.install(config.spot.signals)
+    stops.check()
+    if launching:
+        with stops.interruptible():  # until the launcher's handlers replace ours
+            return _launch(args, config)
+    return _train(config, stops)
 
 
 def _launching(args: argparse.Namespace) -> bool:
@@ -134,8 +155,9 @@ def _launch(args: argparse.Namespace, config: Any) -> int:
     )
 
 
-def _train(config: Any) -> int:
+def _train(config: Any, stops: StopSignals) -> int:
     import logging
+    import sys
 
     from thrifty.redact import install_log_redaction
     from thrifty.report import show_result
@@ -151,9 +173,10 @@ def _train(config: Any) -> int:
         format="thrifty: %(message)s" if rank == 0 else f"thrifty: rank {rank}: %(message)s",
     )
     install_log_redaction()  # no credential reaches the terminal or a captured log
-    seed_everything(config.run.seed)
-    task = build_task(config)
-    trainer = task.trainer(config)
+    with stops.interruptible():  # the user's factories, the model, the data: nothing written
+        seed_everything(config.run.seed)
+        task = build_task(config)
+        trainer = task.trainer(config)
     with trainer:  # the ranks leave the process group together: a launcher sees one outcome
         trainer.interface = "cli"  # messages name the command line's flags
         result = trainer.fit()
@@ -161,4 +184,22 @@ def _train(config: Any) -> int:
             show_result(result, trainer.diagnosis)
     if result.stop_reason == "diverged":
         return 1  # failed: restarting would diverge again; the last good checkpoint is kept
-    return EXIT_PREEMPTED if result.stop_reason == "preempted" else 0
+    if result.stop_reason == "preempted":
+        return EXIT_PREEMPTED
+    late = _late_stop(stops, trainer)
+    if late and rank == 0:
+        print(
+            f"thrifty: {late} after the last step (step {result.steps}): the run is finished, "
+            "nothing left to save (exit code 0)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _late_stop(stops: StopSignals, trainer: Trainer) -> str:
+    """A stop signal after the loop's last look ("received SIGTERM"), or "": the watcher's
+    while the last checkpoint was finished, the command's while the outputs were written."""
+    saves = trainer.checkpointer.saves
+    if saves is not None and saves.watcher.requested:
+        return saves.watcher.reason
+    return stops.reason

@@ -30,14 +30,23 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any, NoReturn, Protocol
+from typing import Any, Protocol
 
 from thrifty.errors import ConfigError
 
-log = logging.getLogger("thrifty.run.preemption")
+# The exit code and the signals are the stop signals' own (imported here by their older name).
+from thrifty.run.stop_signals import DEFAULT_SIGNALS, EXIT_PREEMPTED, parse_signals
 
-# sysexits.h EX_TEMPFAIL: "temporary failure, try again": preempted, resume from the checkpoint.
-EXIT_PREEMPTED = 75
+__all__ = [
+    "DEFAULT_SIGNALS",
+    "EXIT_PREEMPTED",
+    "PreemptionWatcher",
+    "detect_provider",
+    "make_poller",
+    "parse_signals",
+]
+
+log = logging.getLogger("thrifty.run.preemption")
 
 PROVIDERS = ("auto", "aws", "gcp", "azure", "none")
 DMI_DIR = "/sys/class/dmi/id"
@@ -45,31 +54,6 @@ DMI_DIR = "/sys/class/dmi/id"
 _AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
 # After this many failed polls in a row the watcher says once that notices are not seen.
 _FAILURES_BEFORE_WARNING = 3
-# The termination signals of schedulers and launchers: SIGTERM (Kubernetes, torchrun, spot
-# shutdown), SIGINT (Ctrl-C), SIGUSR1 (Slurm's `--signal=USR1@<seconds>` warning).
-DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
-_UNCATCHABLE = ("SIGKILL", "SIGSTOP")
-
-
-def parse_signals(names: Sequence[str], where: str = "spot.signals") -> tuple[signal.Signals, ...]:
-    """The signals named (like "SIGTERM", "SIGUSR1"); one line naming `where` for a bad name."""
-
-    def fail(why: str) -> NoReturn:
-        raise ConfigError(
-            f"{where} = {list(names)!r} is invalid: {why}; use names like SIGTERM, SIGUSR1"
-        )
-
-    if isinstance(names, str) or not isinstance(names, Sequence):
-        fail("give a list of signal names")
-    parsed: list[signal.Signals] = []
-    for name in names:
-        if not isinstance(name, str) or name not in signal.Signals.__members__:
-            fail(f"{name!r} is not a signal on this system")
-        if name in _UNCATCHABLE:
-            fail(f"{name} cannot be caught")
-        if signal.Signals[name] not in parsed:
-            parsed.append(signal.Signals[name])
-    return tuple(parsed)
 
 
 def detect_provider(dmi_dir: str | None = None) -> str:
@@ -248,7 +232,10 @@ def make_poller(
     if provider not in PROVIDERS:
         raise ConfigError(f"spot.provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
     if poll_interval is not None and not poll_interval > 0:
-        raise ConfigError(f"spot.poll_interval must be > 0 seconds, got {poll_interval!r}")
+        # The same words as the config's own check: the key the user sets is spot.poll_seconds.
+        raise ConfigError(
+            f"spot.poll_seconds = {poll_interval!r} is invalid: must be greater than 0"
+        )
     if provider == "auto":
         # THRIFTY_SPOT_PROVIDER pins what `auto` means on a machine (test suites set "none").
         provider = os.environ.get("THRIFTY_SPOT_PROVIDER") or detect_provider()
@@ -277,10 +264,15 @@ class PreemptionWatcher:
     interruption notice; `reason` says which.
 
     Signal handlers are installed by `start()` only when called from the main thread (Python
-    allows no other) and restored by `stop()`. A second SIGINT while a request is pending
-    restores the previous handler and raises KeyboardInterrupt at once, so Ctrl-C twice still
-    stops a run that is stuck; a second SIGTERM changes nothing. Signals that were ignored
+    allows no other) and restored by `stop()`. A Ctrl-C while a request is pending (during the
+    emergency save) says how many steps stopping at once would lose, and asks for one more:
+    that one restores the previous handler and raises KeyboardInterrupt (`forced`), so a run
+    that is stuck still stops. A second SIGTERM changes nothing. Signals that were ignored
     (SIG_IGN) stay ignored.
+
+    `step`, `saved_step` and `saving` (the step trained last, the newest checkpoint's, the
+    step of the emergency checkpoint being written) are kept by whoever saves (`SpotGuard`),
+    for that count.
     """
 
     def __init__(
@@ -299,6 +291,11 @@ class PreemptionWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = False
+        self.step = 0
+        self.saved_step = 0
+        self.saving: int | None = None
+        self.forced = False  # stopped by Ctrl-C before the emergency checkpoint was written
+        self._presses = 0  # Ctrl-C pressed while a request was pending
 
     def __enter__(self) -> PreemptionWatcher:
         return self.start()
@@ -349,11 +346,48 @@ class PreemptionWatcher:
             self._previous.clear()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        # Runs between two bytecodes of the main thread: set the flag, nothing else.
+        # Runs between two bytecodes of the main thread: set the flag, or say what a forced
+        # stop would lose (one unbuffered write: no lock, no stream another write is in).
         if self.requested and signum == signal.SIGINT:
+            self._presses += 1
+            risk = self.at_risk()
+            if self._presses == 1 and risk is not None:
+                if os.environ.get("RANK", "0") == "0":  # every rank hears a terminal's Ctrl-C
+                    os.write(2, f"thrifty: {risk}: press Ctrl-C again to stop at once\n".encode())
+                return
+            self.forced = True
             signal.signal(signum, _restorable(self._previous.pop(signum, None)))
-            raise KeyboardInterrupt
+            lost = self._lost()
+            raise KeyboardInterrupt(f"stopped at once: {lost} are lost" if lost else "")
         self.request(f"received {signal.Signals(signum).name}")
+
+    def at_risk(self) -> str | None:
+        """What stopping at once would lose, in words; None when nothing would be."""
+        lost = self._lost()
+        if lost is None:
+            return None
+        if self.saving is None:
+            return (
+                "an emergency checkpoint follows the step in progress; stopping now loses "
+                f"{lost} and the one in progress"
+            )
+        return (
+            f"the emergency checkpoint of step {self.saving} is being written; stopping now "
+            f"loses {lost}"
+        )
+
+    def _lost(self) -> str | None:
+        """The steps a stop at once loses, in words ("the 7 steps since the last checkpoint
+        (step 5)"); None when every step is saved."""
+        n = self.step - self.saved_step
+        if n <= 0 and self.saving is None:
+            return None
+        since = (
+            f"since the last checkpoint (step {self.saved_step})"
+            if self.saved_step
+            else "since the start (there is no checkpoint yet)"
+        )
+        return f"the {n} step{'' if n == 1 else 's'} {since}"
 
     def _poll_loop(self) -> None:
         poller = self.poller

@@ -190,6 +190,7 @@ class SpotGuard:
     def start(self, step: int) -> None:
         self._last_save_step = step
         self._last_save_time = time.perf_counter()
+        self.watcher.step = self.watcher.saved_step = step  # a resumed step is saved
         self.watcher.start()
 
     @property
@@ -198,6 +199,7 @@ class SpotGuard:
 
     def due(self, step: int) -> bool:
         """Whether the interval asks for a checkpoint after optimizer step `step`."""
+        self.watcher.step = step  # what a forced stop would lose counts it
         if self.config.every == "auto" and self.interval == Interval():
             return step == 1  # the first save measures the stall the auto interval needs
         if self.interval.steps is not None:
@@ -208,7 +210,7 @@ class SpotGuard:
 
     def saved(self, step: int) -> None:
         """Note a checkpoint of step `step` (on a rank that does not write it)."""
-        self._last_save_step = step
+        self._last_save_step = self.watcher.saved_step = step
         self._last_save_time = time.perf_counter()
 
     def save(
@@ -233,6 +235,11 @@ class SpotGuard:
             self.interval = Interval(seconds=tau)
             log.info(text)
 
+    def emergency_begins(self, step: int) -> None:
+        """The emergency checkpoint of step `step` is being made (its state gathered, then
+        written): a Ctrl-C now is told how many steps stopping at once would lose."""
+        self.watcher.step = self.watcher.saving = step
+
     def emergency_save(
         self,
         step: int,
@@ -245,8 +252,10 @@ class SpotGuard:
         log.warning(
             "%s: saving an emergency checkpoint at step %d", reason or self.watcher.reason, step
         )
+        self.emergency_begins(step)
         self.manager.save(step, state, metric=metric, extra_files=extra_files)
         done = self.manager.wait(self.config.upload_deadline_seconds)
+        self.watcher.saving, self.watcher.saved_step = None, step
         pending = self.manager.pending_uploads if done else [step]
         if pending:
             log.warning(
@@ -290,9 +299,11 @@ class SpotGuard:
         return None if self._manager is None else self._manager.upload_status()
 
     def abandon(self) -> None:
-        """Stop watching after an error; a save in flight finishes on its own thread."""
+        """Stop watching after an error; a save in flight finishes on its own thread, unless
+        Ctrl-C forced the stop: then nothing is waited for (an unfinished checkpoint has no
+        manifest, and is never resumed from)."""
         self.watcher.stop()
-        if self._manager is None:
+        if self._manager is None or self.watcher.forced:
             return
         try:
             self._manager.close(timeout=30)
