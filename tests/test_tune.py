@@ -444,7 +444,7 @@ def test_trials_measure_the_steps_only():
 
 def test_a_trial_sets_only_what_differs_from_the_config_and_the_pinned_peak(tmp_path):
     given = BASE.with_(precision="auto", checkpointing=("blocks.*",))
-    trials = ChildTrials(tmp_path / "trial.toml", tmp_path, 5, given, {}, {"bf16": 0.25})
+    trials = ChildTrials(RUN, tmp_path, 5, given, {}, {"bf16": 0.25})
     setting = given.with_(precision="bf16", micro=AUTO, compile="default")
     command = trials.command(Candidate("03-micro", "micro", setting))
     assert command[command.index("--out") + 1] == str(tmp_path / "trials" / "03-micro")
@@ -582,7 +582,7 @@ def test_every_trial_failing_is_one_line_and_keeps_the_trials(
     config, tmp_path, capsys, monkeypatch
 ):
     fake = FakeTrials(fail=lambda s: "RuntimeError: the data server is down")
-    monkeypatch.setattr(session, "ChildTrials", lambda *args: fake)
+    monkeypatch.setattr(session, "ChildTrials", lambda *args, **kwargs: fake)
     out = tmp_path / "tune"
     line = one_line_error(capsys, ["tune", str(config), "--levers", "micro", "--out", str(out)])
     assert line == (
@@ -603,19 +603,20 @@ def test_a_baseline_that_refuses_its_config_ends_the_search():
 
 def test_an_earlier_tune_in_out_is_kept_without_overwrite(config, tmp_path, capsys):
     out = tmp_path / "tune"
-    (out / "trials").mkdir(parents=True)
-    (out / "notes.txt").write_text("mine")
+    (out / "trials" / "00-baseline").mkdir(parents=True)
+    (out / "trials" / "00-baseline" / "train.log").write_text("an earlier trial")
     line = one_line_error(capsys, ["tune", str(config), "--out", str(out)])
     assert line == (
         f"thrifty: error: --out {out} already holds trials from an earlier tune: choose another "
         "--out, or replace it with --overwrite"
     )
+    assert (out / "trials" / "00-baseline" / "train.log").read_text() == "an earlier trial"
     fake = FakeTrials()
     plan = make_plan(
         session.read_given(config), str(config), out=out, levers="micro", overwrite=True
     )
     run_tune(plan, runner=fake, clock=fake.clock)
-    assert (out / "notes.txt").read_text() == "mine" and (out / "winner.toml").exists()
+    assert (out / "winner.toml").exists() and not (out / "trials" / "00-baseline").exists()
 
 
 def test_a_lambda_cannot_reach_the_trial_processes():

@@ -1,7 +1,14 @@
-"""Child processes of a command (`thrifty chaos`, `thrifty scale`), each with its output in a log.
+"""Child processes of a command (`thrifty chaos`, `thrifty scale`, `thrifty tune`), each with its
+output in a log.
 
 `launch` runs one to completion; `Child` starts one in its own process group, so that a SIGKILL
 takes its data-loader workers too, and `Children` makes sure none outlives the command.
+
+A child started with a `tether` (bytes: what it needs to start, a config with credentials in it)
+reads it from its stdin with `tethered()`, and from then on ends with the command, however the
+command ends: on Linux the kernel sends it SIGKILL when the thread that started it ends
+(PR_SET_PDEATHSIG), and everywhere a thread of its own kills its process group once its stdin
+(a pipe only the command holds open) reaches its end. The tether never touches the disk.
 """
 
 from __future__ import annotations
@@ -10,12 +17,15 @@ import os
 import re
 import signal
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import IO, TextIO
 
 from thrifty.errors import ThriftyError
+from thrifty.redact import redact_text
 
 _RANK_PREFIX = re.compile(r"^\[[\w-]+\]:\s*")  # "[rank1]: ", "[default0]: "
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*")
@@ -31,42 +41,100 @@ def launch(command: Sequence[str], env: Mapping[str, str], log: Path) -> int:
 
 def first_error_line(log: Path) -> str:
     """The first error in a log: a `thrifty: error:` line or the last line of a traceback.
-    With several processes the first is the cause; the others are ranks losing their peer."""
+    With several processes the first is the cause; the others are ranks losing their peer.
+    A log without one gives its last line."""
+    lines = _lines(log)
+    if lines is None:
+        return "(no output)"
+    found = _first_error(lines)
+    return found or next((line for line in reversed(lines) if line), "(no output)")
+
+
+def error_in(log: Path) -> str | None:
+    """The first error in a log (as `first_error_line`), None when it shows none."""
+    return _first_error(_lines(log) or [])
+
+
+def _lines(log: Path) -> list[str] | None:
     try:
         text = log.read_text(errors="replace")
     except OSError:
-        return "(no output)"
-    lines = [_RANK_PREFIX.sub("", line).strip() for line in text.splitlines()]
+        return None
+    return [_RANK_PREFIX.sub("", line).strip() for line in text.splitlines()]
+
+
+def _first_error(lines: list[str]) -> str | None:
     for line in lines:
         if line.startswith("thrifty: error:") or _EXCEPTION.fullmatch(line):
             return line.removeprefix("thrifty: error: ")
-    return next((line for line in reversed(lines) if line), "(no output)")
+    return next((line for line in lines if line.startswith("Fatal Python error:")), None)
 
 
 class Child:
     """`command` in its own process group (a new session), its output to `log`. `label` names
-    it in messages ("the reference run")."""
+    it in messages ("the reference run").
+
+    `tether`: bytes sent on the child's stdin, a pipe kept open until the child ends (see
+    `tethered`). `pass_fds`: descriptors the child inherits. `redact`: its output passes
+    through `redact_text` on its way to the log, so that no credential it prints (a traceback
+    quoting a URL) is written; a failed write to the log is kept in `write_error`.
+    """
 
     def __init__(
-        self, command: Sequence[str], env: Mapping[str, str], log: Path, label: str
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        log: Path,
+        label: str,
+        *,
+        tether: bytes | None = None,
+        pass_fds: Sequence[int] = (),
+        redact: bool = False,
     ) -> None:
         self.label = label
         self.log = log
+        self.write_error: OSError | None = None
         self._file: TextIO = open(log, "w")  # noqa: SIM115 (closed in wait())
+        self._threads: list[threading.Thread] = []
         self.started_wall = time.time()
         self.started = time.monotonic()
         try:
             self.proc = subprocess.Popen(
                 list(command),
-                stdin=subprocess.DEVNULL,
-                stdout=self._file,
+                stdin=subprocess.DEVNULL if tether is None else subprocess.PIPE,
+                stdout=subprocess.PIPE if redact else self._file,
                 stderr=subprocess.STDOUT,
                 env=dict(env),
+                pass_fds=tuple(pass_fds),
                 start_new_session=True,
             )
         except OSError as exc:
             self._file.close()
             raise ThriftyError(f"cannot start {command[0]}: {exc.strerror}") from exc
+        if tether is not None:
+            self._thread(_send, self.proc.stdin, tether)
+        if redact:
+            self._thread(self._pump, self.proc.stdout)
+
+    def _thread(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _pump(self, source: IO[bytes]) -> None:
+        """Copy the child's output to the log line by line, redacted; after a failed write
+        (a full disk) keep reading, so that the child never blocks on a full pipe."""
+        with source:
+            for raw in iter(source.readline, b""):
+                if self.write_error is not None or self._file.closed:
+                    continue
+                try:
+                    self._file.write(redact_text(raw.decode(errors="replace")))
+                    self._file.flush()
+                except OSError as exc:
+                    self.write_error = exc
+                except ValueError:  # closed by wait() while a straggler still wrote
+                    return
 
     @property
     def elapsed(self) -> float:
@@ -90,12 +158,92 @@ class Child:
         try:
             return self.proc.wait(timeout)
         finally:
-            if self.proc.returncode is not None and not self._file.closed:
+            if self.proc.returncode is not None:
+                self._close()
+
+    def _close(self) -> None:
+        for thread in self._threads:
+            thread.join(5)  # the log's last lines; a straggler holding the pipe is not waited for
+        self._threads = []
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:  # the tether's last bytes found no reader
+                pass
+        if not self._file.closed:
+            try:
                 self._file.close()
+            except OSError as exc:  # a full disk seen at the last flush
+                self.write_error = self.write_error or exc
 
     def error_line(self) -> str:
-        """What its log says went wrong."""
+        """What its log says went wrong (its last line when it shows no error)."""
         return first_error_line(self.log)
+
+
+def _send(pipe: IO[bytes], data: bytes) -> None:
+    """The tether: its length on a line, then the bytes; the pipe stays open."""
+    try:
+        pipe.write(b"%d\n" % len(data) + data)
+        pipe.flush()
+    except (OSError, ValueError):  # the child ended (or was ended) before reading it
+        pass
+
+
+# Exit code of a tethered child whose command ended before the tether reached it.
+EXIT_ORPHANED = 1
+
+
+def tethered() -> bytes:
+    """In a child started with `tether`: the bytes sent. From here on the child ends when the
+    command that started it ends, even by SIGKILL: see the module's docstring."""
+    _die_with_parent()
+    # The descriptor itself, not sys.stdin: a thread blocked in a buffered read holds a lock
+    # that the interpreter's shutdown would wait for.
+    header = b""
+    while not header.endswith(b"\n"):
+        byte = os.read(0, 1)
+        if not byte or len(header) > 20:  # the command ended before it sent anything
+            os._exit(EXIT_ORPHANED)
+        header += byte
+    size = int(header)
+    data = b""
+    while len(data) < size:
+        chunk = os.read(0, size - len(data))
+        if not chunk:
+            os._exit(EXIT_ORPHANED)
+        data += chunk
+    threading.Thread(target=_end_with_parent, daemon=True).start()
+    return data
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL from the kernel when the parent *thread* ends. The command starts and
+    waits for its child from one thread, so that thread outlives the child unless the whole
+    command dies. The stdin watch covers the moment before this call and other systems."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl in this libc: the stdin watch remains
+        pass
+
+
+def _end_with_parent() -> None:
+    """Wait for the end of stdin: the command is gone. Take this process group with it (the
+    data-loader workers too)."""
+    try:
+        while os.read(0, 1 << 16):
+            pass
+    except OSError:
+        pass
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Children:
@@ -104,8 +252,19 @@ class Children:
     def __init__(self) -> None:
         self.started: list[Child] = []
 
-    def start(self, command: Sequence[str], env: Mapping[str, str], log: Path, label: str) -> Child:
-        child = Child(command, env, log, label)
+    def start(
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        log: Path,
+        label: str,
+        *,
+        tether: bytes | None = None,
+        pass_fds: Sequence[int] = (),
+        redact: bool = False,
+    ) -> Child:
+        """Start a `Child` (see it for the options)."""
+        child = Child(command, env, log, label, tether=tether, pass_fds=pass_fds, redact=redact)
         self.started.append(child)
         return child
 

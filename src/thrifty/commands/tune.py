@@ -42,10 +42,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--out",
         metavar="DIR",
-        help="where the trials and winner.toml go (default runs/tune-<config>)",
+        help="where the trials and winner.toml go (default runs/tune-<config>); the same "
+        "command resumes a tune stopped there",
     )
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace what an earlier tune left in --out"
+        "--overwrite",
+        action="store_true",
+        help="replace what an earlier tune left in --out (never other files: a folder holding "
+        "them is refused); without it, an unfinished tune of the same search is resumed",
     )
     parser.add_argument(
         "--instance",
@@ -70,12 +74,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_tune_command(args: argparse.Namespace) -> int:
     """Tune, print the report (whatever trials finished) and, when no trial found a winner,
-    raise the one line that says why (exit code 2)."""
+    raise the one line that says why (exit code 2). Stopped by SIGTERM or SIGINT: one line,
+    exit code 75, and the same command resumes."""
+    from thrifty.commands.common import say
     from thrifty.config import parse_set_args
     from thrifty.errors import ThriftyError
     from thrifty.plan.report import to_json
     from thrifty.tuning.report import print_report, result_dict
     from thrifty.tuning.session import make_plan, read_given, run_tune
+    from thrifty.tuning.stopping import TuneStopped
 
     given = read_given(args.config, parse_set_args(args.overrides))
     plan = make_plan(
@@ -89,7 +96,11 @@ def run_tune_command(args: argparse.Namespace) -> int:
         instance=args.instance,
         overwrite=args.overwrite,
     )
-    result = run_tune(plan)
+    try:
+        result = run_tune(plan)
+    except TuneStopped as exc:
+        say("tune", str(exc))
+        return exc.exit_code
     if any(t.status != "stopped" for t in result.trials):
         if args.json:
             print(to_json(result_dict(result)))

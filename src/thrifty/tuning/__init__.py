@@ -12,11 +12,15 @@ data-loader workers measured first), within a time budget.
     waterfall.py  baseline to winner, lever by lever
     configs.py    the trials' config and the winner's
     session.py    one tune from start to end; report.py what it prints; api.py `tune()`
+    outdir.py     --out: what a tune writes, what it refuses, the unfinished tune it resumes
+    stopping.py   SIGTERM and SIGINT: the running trial ended, one line, exit code 75
+    trial_process.py  a trial's process: the config from the tune (no file), its steps reported
 """
 
 from __future__ import annotations
 
 from thrifty.tuning.api import TuneFailed, tune
 from thrifty.tuning.session import TuneResult
+from thrifty.tuning.stopping import TuneStopped
 
-__all__ = ["TuneFailed", "TuneResult", "tune"]
+__all__ = ["TuneFailed", "TuneResult", "TuneStopped", "tune"]

@@ -52,7 +52,8 @@ def tune(
     `instance`: a catalog instance to price the job on (default: the config's [cost]);
     `levers`: the levers to search (default all: workers, precision, micro, checkpointing,
     compile); `micro`: micro-batch sizes to try instead of the largest that fits.
-    Raises TuneFailed (with `.result`) when no trial finished.
+    Raises TuneFailed (with `.result`) when no trial finished; TuneStopped after SIGTERM or
+    SIGINT (the same call resumes: the finished trials are kept in `out`).
     """
     given, name = _given(config)
     extra_paths: list[str] = []
@@ -84,7 +85,7 @@ def _given(config: TrainConfig | Mapping[str, Any] | str | os.PathLike[str]) -> 
     from thrifty.tuning.session import read_given
 
     if isinstance(config, TrainConfig):
-        data = config.to_dict(secrets=False)
+        data = config.to_dict()  # credentials reach the trials through a pipe, never a file
     elif isinstance(config, Mapping):
         data = {k: dict(v) if isinstance(v, Mapping) else v for k, v in config.items()}
     else:

@@ -70,6 +70,11 @@ def result_dict(result: TuneResult) -> dict[str, Any]:
         "failure": result.failure,
         "wall_seconds": result.wall_seconds,
         "notes": notes(result),
+        # What resuming needs (tuning.outdir): whether the tune ended, which search it is, and
+        # the CPU peaks its trials were measured against.
+        "state": result.state,
+        "search_key": plan.key,
+        "peaks": plan.peaks,
     }
 
 
@@ -164,7 +169,8 @@ def _figure_cells(result: TuneResult, t: Trial) -> list[str]:
     """Throughput, memory, MFU, then $ per unit and the job's $ (or its time, unpriced)."""
     priced = result.plan.price.priced
     if not t.ok:
-        return [t.status, *(["-"] * (4 if priced else 3))]
+        status = t.failure if t.failure in ("hung", "killed") else t.status
+        return [str(status), *(["-"] * (4 if priced else 3))]
     f = figures(result, t)
     cells = [
         f"{t.rate(result.outcome.unit) or 0:,.1f}",

@@ -2,8 +2,11 @@
 write what it found.
 
 --out holds trial.toml (what every trial starts from), trials/NN-NAME/ (each trial's run and
-its train.log), tune.json (rewritten after every trial, so the finished ones are kept
-whatever happens next) and, when a trial finished, winner.toml.
+its train.log), tune.json (written first, then after every trial, so the finished ones are
+kept whatever happens next: an unfinished tune is resumed by the same command, see outdir.py)
+and, when a trial finished, winner.toml. Nothing there holds a credential: trial.toml and
+winner.toml are redacted as a run's config.toml is, and the trials receive the config as given
+through a pipe (thrifty.tuning.trial_process).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thrifty.commands.common import prepare_out, refuse_file, say
+from thrifty.commands.common import say
 from thrifty.config import (
     TrainConfig,
     apply_overrides,
@@ -26,7 +29,9 @@ from thrifty.config import (
     read_config_file,
 )
 from thrifty.errors import ConfigError, ThriftyError
+from thrifty.redact import redact_value
 from thrifty.run.directory import write_json
+from thrifty.tuning import outdir
 from thrifty.tuning.configs import trial_config, winner_config
 from thrifty.tuning.pricing import Job, Price, price_for
 from thrifty.tuning.search import Outcome, Search
@@ -38,21 +43,21 @@ from thrifty.tuning.space import (
     parse_levers,
     parse_micro,
 )
-from thrifty.tuning.trials import Candidate, ChildTrials, Runner, Trial, cpu_peaks
+from thrifty.tuning.stopping import StopSignals, TuneStopped, stopped_line
+from thrifty.tuning.trials import Candidate, ChildTrials, Interrupted, Runner, Trial, cpu_peaks
 from thrifty.tuning.waterfall import Waterfall, waterfall
 
 DEFAULT_BUDGET = "10m"
 DEFAULT_STEPS = 20
 FINISH_SECONDS = 1.0  # kept from the budget to write the report once the last trial ends
-# What an earlier tune leaves in --out; --overwrite replaces these and nothing else.
-OUT_FILES = ("tune.json", "winner.toml", "trial.toml", "trials")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TunePlan:
     """Everything a tune needs, checked. `given` is the config as given (TOML data: the
     baseline, and where the winner starts from); `started` is when the tune began
-    (time.monotonic seconds), from which the budget counts."""
+    (time.monotonic seconds), from which the budget counts; `key` names the search, so that
+    the same command resumes it (outdir.search_key)."""
 
     name: str
     given: dict[str, Any]
@@ -69,6 +74,7 @@ class TunePlan:
     env: dict[str, str]
     interface: str = "cli"  # "cli" or "api": which names messages use
     peaks: dict[str, float] | None = None  # TFLOP/s per precision, pinned for every trial
+    key: str = ""
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -82,13 +88,21 @@ class TunePlan:
     def option(self, flag: str) -> str:
         return option(flag, self.interface)
 
+    @property
+    def again(self) -> str:
+        """How to resume it."""
+        if self.interface == "cli":
+            return "run the same command again"
+        return "call tune() again with the same arguments"
+
 
 @dataclass(slots=True, kw_only=True)
 class TuneResult:
     """The trials (in the order run), what was skipped, and the winner.
 
     `winner_config` is the winning configuration (also written to `winner_toml`);
-    `failure` is the one-line reason no winner was found, None when one was.
+    `failure` is the one-line reason no winner was found, None when one was. `state`:
+    running, stopped (by a signal: resumable) or finished.
     """
 
     plan: TunePlan
@@ -98,6 +112,7 @@ class TuneResult:
     winner_toml: Path | None = None
     failure: str | None = None
     wall_seconds: float = 0.0
+    state: str = "running"
 
     @property
     def trials(self) -> list[Trial]:
@@ -176,16 +191,21 @@ def make_plan(
     )
     if left_out and "precision" in chosen:
         space.notes.append(left_out)
+    out_dir = Path(out) if out else Path("runs") / f"tune-{Path(name).stem}"
+    key = outdir.search_key(given, steps, space, device)
+    earlier = outdir.inspect(out_dir, key, overwrite, opt)  # refused here, before any work
     from thrifty.measure.peak import PEAK_ENV  # here: the module loads torch
 
     peaks = None
-    if device == "cpu" and config.measure.peak_tflops is None and not os.environ.get(PEAK_ENV):
+    if earlier is not None and earlier.peaks:
+        peaks = earlier.peaks  # the trials kept were measured against these
+    elif device == "cpu" and config.measure.peak_tflops is None and not os.environ.get(PEAK_ENV):
         peaks = cpu_peaks(space.precisions, config.precision.mode)
     return TunePlan(
         name=name,
         given=given,
         config=config,
-        out=Path(out) if out else Path("runs") / f"tune-{Path(name).stem}",
+        out=out_dir,
         budget=str(budget),
         budget_seconds=seconds,
         steps=steps,
@@ -197,6 +217,7 @@ def make_plan(
         env=dict(os.environ if env is None else env),
         interface=interface,
         peaks=peaks,
+        key=key,
         started=started,
     )
 
@@ -207,70 +228,111 @@ def run_tune(
     clock: Callable[[], float] = time.monotonic,
 ) -> TuneResult:
     """Search, then write winner.toml and tune.json. `runner` and `clock` replace the trial
-    processes and the time (tests); the budget then counts from the first call to `clock`."""
+    processes and the time (tests); the budget then counts from the first call to `clock`.
+    Raises TuneStopped after SIGTERM or SIGINT, OutOfSpace when the disk fills."""
+    opt = plan.option
+    with outdir.held(plan.out, opt), StopSignals() as stop:
+        with outdir.writing(plan.out, opt, plan.again):
+            earlier = outdir.inspect(plan.out, plan.key, plan.overwrite, opt)
+            outdir.replace_earlier(plan.out, opt, plan.overwrite and earlier is None)
+            return _search(plan, earlier, stop, runner, clock)
+
+
+def _search(
+    plan: TunePlan,
+    earlier: outdir.Earlier | None,
+    stop: StopSignals,
+    runner: Runner | None,
+    clock: Callable[[], float],
+) -> TuneResult:
     from thrifty.tuning.report import result_dict
 
-    prepare(plan)
-    trial_toml = plan.out / "trial.toml"
-    effective = plan.space.effective
-    trial_toml.write_text(dump_toml(trial_config(plan.given, plan.steps, effective)))
+    result = TuneResult(plan=plan, outcome=Outcome())
+    record = plan.out / "tune.json"
+    if earlier is None:
+        write_json(record, result_dict(result))  # first: what a resume starts from
+    else:
+        kept = len(earlier.trials)
+        say("tune", f"resuming the tune in {plan.out}: {kept} finished trial(s) kept")
+    data = trial_config(plan.given, plan.steps, plan.space.effective)
+    (plan.out / "trial.toml").write_text(dump_toml(redact_value(data)))
     if runner is None:
-        runner = ChildTrials(trial_toml, plan.out, plan.steps, plan.baseline, plan.env, plan.peaks)
+        runner = ChildTrials(
+            data,
+            plan.out,
+            plan.steps,
+            plan.baseline,
+            plan.env,
+            plan.peaks,
+            should_stop=stop.requested,
+        )
         start = plan.started
     else:
         start = clock()
-    result = TuneResult(plan=plan, outcome=Outcome())
-
-    def announced(candidate: Candidate, deadline: float) -> Trial:
-        say("tune", f"{candidate.name}: {candidate.setting.describe()} ...")
-        return runner(candidate, deadline)
+    trials = _Trials(runner, earlier, stop)
 
     def written(trial: Trial) -> None:
-        _announce(trial, result.outcome.unit)
-        write_json(plan.out / "tune.json", result_dict(result))
+        _announce(trial, result.outcome.unit, trial.name in trials.kept)
+        write_json(record, result_dict(result))
 
     search = Search(
         plan.space,
         plan.baseline,
-        announced,
+        trials,
         deadline=start + plan.budget_seconds - FINISH_SECONDS,
-        clock=clock,
+        clock=lambda: clock() + trials.offset,
         on_trial=written,
     )
     result.outcome = search.outcome
-    search.run()
+    try:
+        search.run()
+    except Interrupted as exc:
+        result.state = "stopped"
+        write_json(record, result_dict(result))
+        line = stopped_line(stop.received, exc.name, len(result.trials), plan.out, plan.again)
+        raise TuneStopped(line) from None
     result.waterfall = waterfall(
         result.outcome, plan.job, plan.price, plan.config.checkpoint.interruption_rate
     )
     _write_winner(result)
     result.failure = failure(result)
     result.wall_seconds = clock() - start
-    write_json(plan.out / "tune.json", result_dict(result))
+    result.state = "finished"
+    write_json(record, result_dict(result))
     return result
 
 
-def prepare(plan: TunePlan) -> None:
-    """Refuse an --out an earlier tune wrote unless overwriting, which replaces only that."""
-    out = plan.out
-    refuse_file(out)
-    present = [out / name for name in OUT_FILES if (out / name).exists()]
-    if present and not plan.overwrite:
-        raise ThriftyError(
-            f"{plan.option('--out')} {out} already holds {present[0].name} from an earlier "
-            f"tune: choose another {plan.option('--out')}, or replace it with "
-            f"{plan.option('--overwrite')}"
-        )
-    for path in present:
-        say("tune", f"replacing {path} ({plan.option('--overwrite')})")
-    prepare_out(out, present)
+class _Trials:
+    """The search's runner: a trial the earlier tune finished, as it was (its time counts on
+    the search's clock: `offset` seconds), else the trial run, announced. None starts once a
+    stop was asked for."""
+
+    def __init__(self, run: Runner, earlier: outdir.Earlier | None, stop: StopSignals) -> None:
+        self.run, self.earlier, self.stop = run, earlier, stop
+        self.offset = 0.0
+        self.kept: set[str] = set()
+
+    def __call__(self, candidate: Candidate, deadline: float) -> Trial:
+        kept = self.earlier.kept(candidate) if self.earlier is not None else None
+        if kept is not None:
+            self.offset += kept.wall_seconds
+            self.kept.add(kept.name)
+            return kept
+        if self.stop.requested():
+            raise Interrupted(None)
+        say("tune", f"{candidate.name}: {candidate.setting.describe()} ...")
+        return self.run(candidate, deadline - self.offset)
 
 
-def _announce(trial: Trial, unit: str) -> None:
+def _announce(trial: Trial, unit: str, kept: bool) -> None:
     if trial.ok:
         figure = f"{trial.rate(unit) or 0:,.1f} {unit}/s at micro-batch {trial.micro_batch}"
+    elif trial.failure == "hung":
+        figure = str(trial.error)
     else:
         figure = f"{trial.status}: {trial.error}"
-    say("tune", f"{trial.name}: {figure} ({trial.wall_seconds:.0f} s)")
+    where = "kept from the earlier run" if kept else f"{trial.wall_seconds:.0f} s"
+    say("tune", f"{trial.name}: {figure} ({where})")
 
 
 def _write_winner(result: TuneResult) -> None:
@@ -283,15 +345,30 @@ def _write_winner(result: TuneResult) -> None:
         cost = {"instance": c.instance, "pricing": c.pricing, "gpus": c.gpus, "catalog": c.catalog}
     data = winner_config(plan.given, best.resolved, plan.space.effective, cost)
     path = plan.out / "winner.toml"
-    path.write_text(_HEADER.format(name=best.name) + dump_toml(data))
+    path.write_text(_HEADER.format(name=best.name) + dump_toml(redact_value(data)))
     try:
-        result.winner_config = load_config(path)
+        load_config(path)
+        result.winner_config = TrainConfig.from_dict(data)  # credentials as given, in memory
     except ConfigError as exc:  # the values came from runs that took them: a bug if not
         raise ThriftyError(f"the winner's config {path} does not load: {exc}") from None
     result.winner_toml = path
 
 
-_HEADER = "# Written by thrifty tune: the config as given with the settings of trial {name}.\n"
+_HEADER = (
+    "# Written by thrifty tune: the config as given with the settings of trial {name}.\n"
+    "# Credentials are left out, as in a run's config.toml: storage keys come from the\n"
+    "# environment; give a value shown as <redacted> with --set.\n"
+)
+
+
+def _progress(trial: Trial) -> str:
+    """How far a trial the budget stopped had come (one that was ready to train and completed
+    no step is hung, not stopped)."""
+    if trial.steps_completed is None:
+        return ""
+    if trial.steps_completed == 0:
+        return ", before it started training"
+    return f", {trial.steps_completed} step(s) in"
 
 
 def failure(result: TuneResult) -> str | None:
@@ -304,8 +381,14 @@ def failure(result: TuneResult) -> str | None:
     if all(t.status == "stopped" for t in trials):
         return (
             f"{plan.option('--budget')} {plan.budget} is too small for even one trial: the "
-            f"baseline was stopped after {base.wall_seconds:.0f} s; give more time (e.g. "
-            f"{plan.option('--budget')} {DEFAULT_BUDGET})"
+            f"baseline was stopped after {base.wall_seconds:.0f} s{_progress(base)}; give more "
+            f"time (e.g. {plan.option('--budget')} {DEFAULT_BUDGET})"
+        )
+    if base.failure == "hung":
+        return (
+            f"the baseline (the config as given) {base.error} (log: {base.run_dir}/train.log): "
+            "find what it waits for (its data, a network file system, a lock) or, if its first "
+            f"step takes that long, give more time ({plan.option('--budget')})"
         )
     at_one = next((t for t in trials if t.out_of_memory_at_one), None)
     if at_one is not None and all(t.failure in ("oom", "budget") for t in trials):

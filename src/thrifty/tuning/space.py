@@ -11,7 +11,7 @@ Cheap to import: nothing here needs torch (`hardware_precisions` imports it when
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +70,18 @@ class Setting:
             "compile.mode": self.compile,
             "data.num_workers": self.num_workers,
         }
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> Setting:
+        """The setting `config_values` gave (as tune.json keeps it)."""
+        policy = values["activation_checkpointing.policy"]
+        return cls(
+            precision=values["precision.mode"],
+            checkpointing=tuple(policy) if isinstance(policy, list) else policy,
+            micro=values["batch.micro"],
+            compile=values["compile.mode"],
+            num_workers=values["data.num_workers"],
+        )
 
     def describe(self) -> str:
         """One line: "bf16, checkpointing every_other, micro 32, compile default, workers 2"."""

@@ -1,18 +1,27 @@
 """One trial: `thrifty train` for a few steps in its own process, and what it measured.
 
-A trial runs `python -m thrifty train TRIAL.toml --out DIR/trials/NAME --steps N --set ...`
-with its output in train.log there, so an out-of-memory error or a compile crash ends that
-trial only. Its figures are the run's own steady-state ones from summary.json: the Trainer
-leaves the warm-up steps (and with torch.compile, the compiling ones) out of them. Peak
-memory is the CUDA peak allocated the run reports or, on a CPU, the peak resident set of the
-trial's main process (VmHWM in /proc/PID/status, read while it runs).
+A trial runs `thrifty train TRIAL-CONFIG --out DIR/trials/NAME --steps N --set ...` (through
+`thrifty.tuning.trial_process`, which receives the config from the tune, credentials included,
+without a file) with its output in train.log there, redacted, so an out-of-memory error or a
+compile crash ends that trial only. Its figures are the run's own steady-state ones from
+summary.json: the Trainer leaves the warm-up steps (and with torch.compile, the compiling ones)
+out of them. Peak memory is the CUDA peak allocated the run reports or, on a CPU, the peak
+resident set of the trial's main process (VmHWM in /proc/PID/status, read while it runs).
+
+A trial the budget ends is "stopped"; one that was ready to train (torch and the Trainer
+imported: a budget too small ends a trial before) and completed no step by then is "hung". A trial ends with the tune: a signal to the tune ends
+it (`Interrupted`), and so does the tune's death (the tether of `thrifty.commands.children`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+import os
 import re
+import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -20,13 +29,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thrifty.commands.children import Child, Children
+from thrifty.commands.children import Child, Children, error_in
 from thrifty.tuning.space import Setting
 
 POLL_SECONDS = 0.1
 # With torch.compile the Trainer leaves the first 3 steps out of its figures (1 without).
 COMPILE_WARMUP_STEPS = 3
+TRIAL_MODULE = "thrifty.tuning.trial_process"
+READY, STEP = b"+", b"."  # what a trial's process reports: ready to train, a step completed
 _OOM = re.compile(r"out of memory|OutOfMemoryError", re.IGNORECASE)
+_NO_SPACE = re.compile(r"no space left|disk quota exceeded|\[Errno (28|122)\]", re.IGNORECASE)
+
+
+class Interrupted(Exception):
+    """The tune was asked to stop (SIGTERM, SIGINT): the trial `name` was ended (None: none
+    was running). Not a result: the trial runs again when the tune is resumed."""
+
+    def __init__(self, name: str | None) -> None:
+        super().__init__(name)
+        self.name = name
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +64,8 @@ class Trial:
     """What one trial measured, or how it failed.
 
     `status`: ok, failed, or stopped (by the budget). `failure`: oom, bad_input (the run
-    refused its config), crash, or budget. Rates are per second over the steady-state steps;
+    refused its config), crash, killed (by a signal not from the tune), hung (no step
+    completed), or budget. `steps_completed`: the optimizer steps it completed. Rates are per second over the steady-state steps;
     `peak_memory_bytes` comes from `peak_memory_source`: "cuda" (peak allocated) or "rss"
     (the process's peak resident set). `micro_batch`, `num_workers` and `precision` are the
     values the run used (an "auto" setting resolved).
@@ -68,6 +90,15 @@ class Trial:
     accumulation_steps: int | None = None
     num_workers: int | None = None
     precision: str | None = None
+    steps_completed: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Trial:
+        """A trial as `to_dict` wrote it (tune.json); keys it does not know are left out."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["setting"] = Setting.from_values(data["setting"])
+        return cls(**values)
 
     @property
     def ok(self) -> bool:
@@ -158,13 +189,50 @@ def failed(
     )
 
 
-def stopped(candidate: Candidate, wall_seconds: float, run_dir: Path) -> Trial:
+def stopped(
+    candidate: Candidate, wall_seconds: float, run_dir: Path, steps: int | None = None
+) -> Trial:
     """A trial the budget ended before it finished."""
     return Trial(
         **_base(candidate, wall_seconds, run_dir),
         status="stopped",
         failure="budget",
         error=f"stopped by the budget after {wall_seconds:.0f} s",
+        steps_completed=steps,
+    )
+
+
+def hung(candidate: Candidate, wall_seconds: float, run_dir: Path, ready: float) -> Trial:
+    """A trial that was ready to train `ready` seconds before the budget ended it and
+    completed no step in that time."""
+    return Trial(
+        **_base(candidate, wall_seconds, run_dir),
+        status="failed",
+        failure="hung",
+        error=f"hung: no step completed in {ready:.0f} s after it started",
+        steps_completed=0,
+    )
+
+
+def killed(
+    candidate: Candidate, wall_seconds: float, run_dir: Path, signum: int, error: str | None
+) -> Trial:
+    """A trial ended by a signal the tune did not send (the out-of-memory killer's SIGKILL)."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    why = f"killed by {name}"
+    if signum == signal.SIGKILL:
+        why += " (not by the tune: often the system's out-of-memory killer)"
+    if error is not None:
+        why += f"; its log shows: {error}"
+    return Trial(
+        **_base(candidate, wall_seconds, run_dir),
+        status="failed",
+        exit_code=-signum,
+        error=why,
+        failure="killed",
     )
 
 
@@ -183,38 +251,45 @@ Runner = Callable[[Candidate, float], Trial]
 
 
 class ChildTrials:
-    """Runs each candidate as `python -m thrifty train` in its own process, under
-    `out/trials/<name>`, and ends it at the deadline (time.monotonic seconds).
+    """Runs each candidate as `thrifty train` in its own process, under `out/trials/<name>`,
+    and ends it at the deadline (time.monotonic seconds) or when `should_stop()` says the tune
+    was asked to stop (then raises `Interrupted`).
 
-    `config` is the TOML every trial starts from; a trial's --set items are the values of its
-    setting that differ from `base` (the config's own), and its precision's peak from `peaks`
-    (TFLOP/s, see `cpu_peaks`) when given. `env` is the children's environment.
+    `config` is the TOML data every trial starts from (credentials included: it reaches the
+    trial through a pipe, never a file); a trial's --set items are the values of its setting
+    that differ from `base` (the config's own), and its precision's peak from `peaks` (TFLOP/s,
+    see `cpu_peaks`) when given. `env` is the children's environment.
     """
 
     def __init__(
         self,
-        config: Path,
+        config: Mapping[str, Any],
         out: Path,
         steps: int,
         base: Setting,
         env: Mapping[str, str],
         peaks: Mapping[str, float] | None = None,
+        should_stop: Callable[[], bool] = lambda: False,
     ) -> None:
-        self.config, self.out, self.steps, self.base = config, out, steps, base
+        from thrifty.config import dump_toml
+
+        self.toml = dump_toml(dict(config)).encode()
+        self.out, self.steps, self.base = out, steps, base
         self.env = dict(env)
         self.peaks = dict(peaks or {})
+        self.should_stop = should_stop
         self.children = Children()
 
     def run_dir(self, candidate: Candidate) -> Path:
         return self.out / "trials" / candidate.name
 
     def command(self, candidate: Candidate) -> list[str]:
+        """The `thrifty train` arguments after the config."""
         setting = candidate.setting
         steps = self.steps
         if setting.compile != "off":
             steps = max(steps, COMPILE_WARMUP_STEPS + 1)
-        command = [sys.executable, "-m", "thrifty", "train", str(self.config)]
-        command += ["--out", str(self.run_dir(candidate)), "--steps", str(steps)]
+        command = ["train", "--out", str(self.run_dir(candidate)), "--steps", str(steps)]
         base = self.base.config_values()
         for key, value in setting.config_values().items():
             if value != base[key]:
@@ -225,24 +300,104 @@ class ChildTrials:
 
     def __call__(self, candidate: Candidate, deadline: float) -> Trial:
         run_dir = self.run_dir(candidate)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        log = run_dir / "train.log"
-        child = self.children.start(self.command(candidate), self.env, log, candidate.name)
+        if run_dir.exists():  # the unfinished trial of a stopped tune: this one replaces it
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        child, steps = self._start(candidate, run_dir)
         try:
-            code, peak_rss = _wait(child, deadline)
+            code, peak_rss = _wait(child, deadline, steps, self.should_stop)
         finally:
-            self.children.kill_all()  # Ctrl-C or an error here: no trial outlives the tune
-        wall = child.elapsed
+            steps.close()
+            self.children.kill_all()  # an error here: no trial outlives the tune
+        if child.write_error is not None:
+            raise child.write_error
+        if code != 0 and self.should_stop():  # the stop reached it too (a scheduler's SIGTERM
+            raise Interrupted(candidate.name)  # to every process of the job): not a result
+        return self._outcome(candidate, child, code, steps, peak_rss)
+
+    def _start(self, candidate: Candidate, run_dir: Path) -> tuple[Child, StepCount]:
+        steps = StepCount()
+        command = [sys.executable, "-m", TRIAL_MODULE, str(steps.child_fd)]
+        log = run_dir / "train.log"
+        try:
+            child = self.children.start(
+                [*command, *self.command(candidate)],
+                self.env,
+                log,
+                candidate.name,
+                tether=self.toml,
+                pass_fds=(steps.child_fd,),
+                redact=True,
+            )
+        except BaseException:
+            steps.close()
+            raise
+        finally:
+            steps.started()
+        return child, steps
+
+    def _outcome(
+        self,
+        candidate: Candidate,
+        child: Child,
+        code: int | None,
+        steps: StepCount,
+        peak: float | None,
+    ) -> Trial:
+        run_dir, wall = self.run_dir(candidate), child.elapsed
         if code is None:
-            return stopped(candidate, wall, run_dir)
+            if steps.count == 0 and steps.ready is not None:
+                return hung(candidate, wall, run_dir, time.monotonic() - steps.ready)
+            return stopped(candidate, wall, run_dir, steps.count)
+        if code < 0:
+            return killed(candidate, wall, run_dir, -code, error_in(child.log))
         if code != 0:
-            return failed(candidate, wall, run_dir, code, child.error_line())
+            error = child.error_line()
+            if _NO_SPACE.search(error):  # every trial would fail alike: the tune ends here
+                raise OSError(errno.ENOSPC, f"trial {candidate.name}: {error}")
+            return failed(candidate, wall, run_dir, code, error)
+        log = child.log
         try:
             summary = json.loads((run_dir / "summary.json").read_text())
         except (OSError, ValueError) as exc:
             error = f"it left no readable summary.json ({exc}); its output is in {log}"
             return failed(candidate, wall, run_dir, 0, error)
-        return from_summary(candidate, summary, wall, run_dir, peak_rss)
+        trial = from_summary(candidate, summary, wall, run_dir, peak)
+        return dataclasses.replace(trial, steps_completed=steps.count)
+
+
+class StepCount:
+    """The pipe a trial's process reports on (`thrifty.tuning.trial_process`): "+" once it is
+    ready to train (torch and the Trainer imported), then "." per optimizer step. `count`:
+    the steps read so far; `ready`: when it was ready (time.monotonic seconds), or None."""
+
+    def __init__(self) -> None:
+        self.fd, self.child_fd = os.pipe()
+        os.set_blocking(self.fd, False)
+        self.count = 0
+        self.ready: float | None = None
+
+    def started(self) -> None:
+        """The child holds its end now: this process's copy would keep the pipe open."""
+        if self.child_fd >= 0:
+            os.close(self.child_fd)
+            self.child_fd = -1
+
+    def read(self) -> None:
+        try:
+            while chunk := os.read(self.fd, 1 << 16):
+                self.count += chunk.count(STEP)
+                if self.ready is None and READY in chunk:
+                    self.ready = time.monotonic()
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        self.started()
+        if self.fd >= 0:
+            self.read()
+            os.close(self.fd)
+            self.fd = -1
 
 
 def cpu_peaks(precisions: Iterable[str], given: str) -> dict[str, float]:
@@ -262,15 +417,22 @@ def cpu_peaks(precisions: Iterable[str], given: str) -> dict[str, float]:
     return peaks
 
 
-def _wait(child: Child, deadline: float) -> tuple[int | None, float | None]:
-    """(exit code, or None once killed at the deadline; peak RSS in bytes, or None)."""
+def _wait(
+    child: Child, deadline: float, steps: StepCount, should_stop: Callable[[], bool]
+) -> tuple[int | None, float | None]:
+    """(exit code, or None once killed at the deadline; peak RSS in bytes, or None). Raises
+    `Interrupted` once it ended the child because the tune was asked to stop."""
     peak = None
     while True:
         code = child.poll()
         peak = _peak_rss(child.proc.pid) or peak
+        steps.read()
         if code is not None:
             child.wait()
             return code, peak
+        if should_stop():
+            child.kill()
+            raise Interrupted(child.label)
         if time.monotonic() >= deadline:
             child.kill()
             return None, peak

@@ -1,0 +1,90 @@
+"""What `thrifty tune` says about a trial that fails without an error of its own: one that makes
+no progress is called hung (not "the budget is too small"), and one killed by a signal names
+the signal. Real trials of tiny models from this file, each in its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dist_task import Net
+from test_tune import CONFIG, one_line_error
+
+TESTS = Path(__file__).resolve().parent
+
+
+class Hangs(Net):
+    """Every forward waits for something that never comes (a dead data server, a lock)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(3600)
+        return super().forward(x)
+
+
+def hangs() -> torch.nn.Module:
+    return Hangs()
+
+
+class KilledBySigkill(Net):
+    """Its process is killed in the first forward, as the out-of-memory killer does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return super().forward(x)
+
+
+def killed_by_sigkill() -> torch.nn.Module:
+    return KilledBySigkill()
+
+
+@pytest.fixture
+def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A config training `model` of this file; trial processes import it from tests/."""
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
+    monkeypatch.setenv("PYTHONPATH", path)
+
+    def write(model: str) -> Path:
+        config = tmp_path / "job.toml"
+        config.write_text(CONFIG.format(model=f"test_tune_messages:{model}"))
+        return config
+
+    return write
+
+
+def only_the_baseline(config: Path, out: Path, budget: str) -> list[str]:
+    return [
+        "tune", str(config), "--levers", "micro", "--micro", "8", "--steps", "2",
+        "--budget", budget, "--out", str(out),
+    ]  # fmt: skip
+
+
+def test_a_trial_that_completes_no_step_is_called_hung_not_a_budget_too_small(
+    job, tmp_path, capsys
+):
+    out = tmp_path / "tune"
+    line = one_line_error(capsys, only_the_baseline(job("hangs"), out, "40s"))
+    assert line.startswith(
+        "thrifty: error: the baseline (the config as given) hung: no step completed in "
+    )
+    assert "s after it started (log: " in line and "find what it waits for" in line
+    assert "too small" not in line
+    (trial,) = json.loads((out / "tune.json").read_text())["trials"]
+    assert (trial["status"], trial["failure"], trial["steps_completed"]) == ("failed", "hung", 0)
+
+
+def test_a_trial_killed_by_a_signal_names_the_signal(job, tmp_path, capsys):
+    out = tmp_path / "tune"
+    line = one_line_error(capsys, only_the_baseline(job("killed_by_sigkill"), out, "10m"))
+    assert line == (
+        "thrifty: error: every trial failed; the first, 00-baseline: killed by SIGKILL (not by "
+        "the tune: often the system's out-of-memory killer) (log: "
+        f"{out}/trials/00-baseline/train.log)"
+    )
+    (trial,) = json.loads((out / "tune.json").read_text())["trials"]
+    assert (trial["failure"], trial["exit_code"]) == ("killed", -9)
