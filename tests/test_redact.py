@@ -248,3 +248,19 @@ def test_install_log_redaction_filters_each_handler_once():
         assert sum(isinstance(f, RedactingFilter) for f in handler.filters) == 1
     finally:
         root.removeHandler(handler)
+
+
+@pytest.mark.parametrize(
+    "path", ["my_secrets:build_model", "lab.auth.models:make", "token_data.sources:stream"]
+)
+def test_a_factory_path_whose_module_names_a_secret_word_is_kept_whole(path):
+    # config.toml names the task's factories by import path: masking one would leave a run
+    # directory whose config cannot be trained again.
+    assert redact_text(path) == path
+    assert redact_value({"task": {"model": path}}) == {"task": {"model": path}}
+
+
+def test_a_secret_pair_in_prose_is_still_masked_next_to_a_factory_path():
+    text = "model my_pkg:build failed: password: hunter2"
+    assert "hunter2" not in redact_text(text)
+    assert "hunter2" not in redact_text("password:hunter2")  # one word before the colon: a pair

@@ -106,6 +106,9 @@ _AWS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{12,}\b")
 _BEARER = re.compile(r"(?i)\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{6,}")
 _PAIR = re.compile(r"(?P<name>[A-Za-z_][\w.-]*)(?P<quote>[\"']?)\s*[=:]\s*")
 _VALUE_END = re.compile(r"[\s,;&)}\]\"']")
+# A factory's import path (`my_pkg.auth:build_model`), as `[task]` names one: the module's name
+# may hold a secret word, but the text is code's address, not a `name: value` pair.
+_IMPORT_PATH = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*")
 
 
 def _redact_query(match: re.Match[str]) -> str:
@@ -137,6 +140,12 @@ def _redact_pairs(text: str) -> str:
     return "".join(out)
 
 
+def _bare_secret_pair(text: str) -> bool:
+    """`password:hunter2`: a one-word secret name before the colon is a pair, not a module."""
+    name = text.split(":", 1)[0]
+    return "." not in name and len(_words(name)) == 1 and is_secret_name(name)
+
+
 def redact_text(text: str) -> str:
     """The text with URL credentials, signed-URL parameters, AWS key ids and secret-named
     `name=value` pairs replaced by `<redacted>` (a URL's `user:password@` is removed)."""
@@ -146,6 +155,8 @@ def redact_text(text: str) -> str:
     text = _QUERY_PARAM.sub(_redact_query, text)
     text = _AWS_KEY_ID.sub(REDACTED, text)
     text = _BEARER.sub(rf"\1 {REDACTED}", text)
+    if _IMPORT_PATH.fullmatch(text) and not _bare_secret_pair(text):
+        return text
     return _redact_pairs(text)
 
 
