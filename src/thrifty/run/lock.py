@@ -174,10 +174,17 @@ class _LocalLock:
                 os.close(fd)
                 continue
             previous = self._holder_on_disk()
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, self.holder.to_bytes(), 0)
+                os.fsync(fd)
+            except OSError as exc:  # a full disk: the holder's name cannot be written down
+                os.close(fd)
+                raise ThriftyError(
+                    f"cannot write the lock file {self.path}: {exc.strerror}: free space on "
+                    f"the disk holding {self.label}, or choose another"
+                ) from exc
             self._fd = fd
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, self.holder.to_bytes(), 0)
-            os.fsync(fd)
             if previous is not None:  # its holder died without releasing it
                 log.warning(
                     "took over the lock on %s from %s, which ended", self.label, previous.describe()
