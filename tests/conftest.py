@@ -11,6 +11,10 @@ os.environ["THRIFTY_SPOT_PROVIDER"] = "none"
 # A pinned peak: no fit() pays the CPU matmul benchmark, and MFU does not depend on how busy the
 # machine was while it ran. Tests of the measurement itself unset it.
 os.environ["THRIFTY_PEAK_TFLOPS"] = "1"
+# A pinned CPU: `precision.mode = "auto"` picks bf16 only on CPUs with AMX or AVX512-BF16, so
+# without this the suite would train in another precision on such a machine. Set it yourself to
+# run the suite as on one: THRIFTY_CPU_FLAGS="amx_bf16 avx512_bf16" make test.
+os.environ.setdefault("THRIFTY_CPU_FLAGS", "")
 
 
 @pytest.fixture(autouse=True)

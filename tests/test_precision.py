@@ -119,15 +119,37 @@ def test_fp16_clips_and_reports_the_unscaled_gradient_norm(tmp_path):
 
 
 def test_auto_picks_bf16_on_a_cpu_with_amx(monkeypatch):
-    monkeypatch.setattr(precision, "_cpu_flags", lambda: frozenset({"amx_bf16", "avx2"}))
+    monkeypatch.setenv(precision.CPU_FLAGS_ENV, "amx_bf16 avx2")
     chosen = resolve_precision("auto", torch.device("cpu"))
     assert chosen.name == "bf16" and "amx_bf16" in chosen.reason
 
 
 def test_auto_picks_fp32_on_a_cpu_without_native_bf16(monkeypatch):
-    monkeypatch.setattr(precision, "_cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setenv(precision.CPU_FLAGS_ENV, "avx2")
     chosen = resolve_precision("auto", torch.device("cpu"))
     assert chosen.name == "fp32" and "emulated" in chosen.reason
+
+
+def test_the_cpu_flags_come_from_proc_cpuinfo_unless_thrifty_cpu_flags_is_set(monkeypatch):
+    monkeypatch.delenv(precision.CPU_FLAGS_ENV, raising=False)
+    monkeypatch.setattr(precision, "_proc_cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    chosen = resolve_precision("auto", torch.device("cpu"))
+    assert (chosen.name, chosen.reason) == ("bf16", "CPU has avx512_bf16")
+    monkeypatch.setenv(precision.CPU_FLAGS_ENV, "")  # a CPU said to have none
+    chosen = resolve_precision("auto", torch.device("cpu"))
+    assert chosen.name == "fp32"
+    assert chosen.reason == (
+        "CPU has no AMX or AVX512-BF16 (as THRIFTY_CPU_FLAGS says): bf16 would be emulated"
+    )
+
+
+def test_a_run_on_a_cpu_said_to_have_amx_trains_in_bf16(tmp_path, monkeypatch):
+    # How the suite runs as on such a CPU: THRIFTY_CPU_FLAGS reaches a whole run's auto.
+    monkeypatch.setenv(precision.CPU_FLAGS_ENV, "amx_bf16")
+    model = Classifier()
+    loss_fn = lambda o, b: F.cross_entropy(o, b[1])  # noqa: E731
+    result = Trainer(model, Pairs(), config(tmp_path, "auto"), loss_fn=loss_fn).fit()
+    assert result.precision == "bf16"
 
 
 @pytest.mark.parametrize(

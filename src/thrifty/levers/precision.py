@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,8 +71,21 @@ class NoScaler:
 LossScaler = NoScaler | torch.amp.GradScaler
 
 
-@functools.cache
+# The CPU's feature flags, space-separated as /proc/cpuinfo lists them, in place of what it
+# says: for a container or VM that hides them, and for tests that pin them.
+CPU_FLAGS_ENV = "THRIFTY_CPU_FLAGS"
+
+
 def _cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags: THRIFTY_CPU_FLAGS where set (even empty), else /proc/cpuinfo's."""
+    given = os.environ.get(CPU_FLAGS_ENV)
+    if given is not None:
+        return frozenset(given.replace(",", " ").split())
+    return _proc_cpu_flags()
+
+
+@functools.cache
+def _proc_cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -83,7 +97,8 @@ def _cpu_flags() -> frozenset[str]:
 
 
 def cpu_has_native_bf16() -> bool:
-    """True when the CPU has AMX-BF16 or AVX512-BF16 instructions (Linux /proc/cpuinfo)."""
+    """True when the CPU has AMX-BF16 or AVX512-BF16 instructions (Linux /proc/cpuinfo, or
+    THRIFTY_CPU_FLAGS where set)."""
     return bool({"amx_bf16", "avx512_bf16"} & _cpu_flags())
 
 
@@ -112,8 +127,16 @@ def resolve_precision(mode: str, device: torch.device) -> Precision:
             f"{name} (compute capability {major}.{minor}) lacks bf16: fp16 with a GradScaler",
         )
     if kind == "cpu":
-        if cpu_has_native_bf16():
-            found = sorted({"amx_bf16", "avx512_bf16"} & _cpu_flags())
-            return Precision("bf16", kind, f"CPU has {', '.join(found)}")
-        return Precision("fp32", kind, "CPU has no AMX or AVX512-BF16: bf16 would be emulated")
+        return _cpu_precision()
     return Precision("fp32", kind, f"no native mixed precision chosen for {kind}")
+
+
+def _cpu_precision() -> Precision:
+    """bf16 where the CPU has the instructions that make it pay off, else fp32."""
+    source = f" (as {CPU_FLAGS_ENV} says)" if CPU_FLAGS_ENV in os.environ else ""
+    found = sorted({"amx_bf16", "avx512_bf16"} & _cpu_flags())
+    if found:
+        return Precision("bf16", "cpu", f"CPU has {', '.join(found)}{source}")
+    return Precision(
+        "fp32", "cpu", f"CPU has no AMX or AVX512-BF16{source}: bf16 would be emulated"
+    )
