@@ -59,6 +59,28 @@ def failing_stream(**args: Any) -> Stream:
     return Stream(fail_at=int(fail_at) if fail_at else None)
 
 
+class Picky(Stream):
+    """A stream whose `load_state_dict` rejects the state it is given while $STREAM_REJECTS
+    names an exception type (KeyError, ValueError or TypeError), as a new version of a pipeline
+    refuses the state an old one saved; without it, it resumes as `Stream` does."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        import os
+
+        kind = os.environ.get("STREAM_REJECTS")
+        if kind == "KeyError":
+            raise KeyError("offset")
+        if kind == "ValueError":
+            raise ValueError("state format 1, this stream reads format 2")
+        if kind == "TypeError":
+            raise TypeError("'int' object is not subscriptable")
+        super().load_state_dict(state)
+
+
+def picky_stream(**args: Any) -> Picky:
+    return Picky()
+
+
 def stateful_loader(**args: Any) -> Any:
     """Your own DataLoader: torchdata's StatefulDataLoader with 2 workers over a stream."""
     from torchdata.stateful_dataloader import StatefulDataLoader

@@ -1,8 +1,8 @@
 """The micro-batch as a lever: `batch.micro = "auto"` finds the largest that fits, and an
 out-of-memory error during training halves it and replays the window, the update unchanged.
 
-On a CPU nothing runs out of memory, so a model raises the real exception type above a batch
-size, as a GPU would."""
+Here a model raises CUDA's exception type above a batch size, as a GPU would; a real
+allocation failure on the CPU is in test_oom_cpu.py."""
 
 from __future__ import annotations
 

@@ -3,14 +3,16 @@
 
 The effective batch never changes: the accumulation makes up for the micro-batch, so the
 optimization is exactly the one configured. A size "fits" when a real forward, backward and
-optimizer step at that size raise no out-of-memory error and, on a GPU, peak below
-`1 - margin` of the device's memory (the margin absorbs longer sequences and fragmentation).
+optimizer step at that size raise no out-of-memory error (CUDA's torch.OutOfMemoryError, or
+the CPU allocator's RuntimeError: `is_out_of_memory`) and, on a GPU, peak below `1 - margin`
+of the device's memory (the margin absorbs longer sequences and fragmentation).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
@@ -71,8 +73,9 @@ def find_micro(
     even one sample fits."""
     search = MicroSearch(chosen=0, margin=margin)
     limit = _memory_limit(device, margin)
+    error: str | None = None
     for micro in candidates(per_rank):
-        fits, peak = _fits(try_step, micro, device, limit)
+        fits, peak, error = _fits(try_step, micro, device, limit)
         fits = agree(fits)
         search.tried.append(Trial(micro, fits, peak))
         if not fits:
@@ -80,9 +83,26 @@ def find_micro(
         search.chosen = micro
     if search.chosen == 0:
         raise torch.OutOfMemoryError(
-            "a micro-batch of 1 does not fit" + _peak_words(search.tried[-1].peak_bytes, limit)
+            error
+            or "a micro-batch of 1 does not fit" + _peak_words(search.tried[-1].peak_bytes, limit)
         )
     return search
+
+
+# How the CPU allocator says an allocation failed: a plain RuntimeError (CUDA's allocator raises
+# torch.OutOfMemoryError), "DefaultCPUAllocator: can't allocate memory: you tried to allocate N
+# bytes" ("not enough memory" on Windows).
+_CPU_OUT_OF_MEMORY = re.compile(r"DefaultCPUAllocator: (can't allocate memory|not enough memory)")
+# The check's own words before the allocator's, which say nothing to a user.
+_ENFORCE_PREFIX = re.compile(r"^\[enforce fail at [^\]]*\][^.]*\.\s*")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is an allocation that failed: a device's torch.OutOfMemoryError, or the
+    CPU allocator's RuntimeError. Any other error is a bug to show, not a size to halve."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and bool(_CPU_OUT_OF_MEMORY.search(str(error)))
 
 
 def _memory_limit(device: torch.device, margin: float) -> float | None:
@@ -93,21 +113,23 @@ def _memory_limit(device: torch.device, margin: float) -> float | None:
 
 def _fits(
     try_step: Callable[[int], None], micro: int, device: torch.device, limit: float | None
-) -> tuple[bool, float | None]:
+) -> tuple[bool, float | None, str | None]:
+    """Whether a step of `micro` samples fits, the peak it reached (CUDA) and the allocator's
+    words when it ran out of memory."""
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
+    error = None
     try:
         try_step(micro)
-    except torch.OutOfMemoryError:
-        fits = False
-    else:
-        fits = True
+    except RuntimeError as exc:
+        if not is_out_of_memory(exc):
+            raise
+        error = str(exc)
     peak = float(torch.cuda.max_memory_allocated(device)) if cuda else None
     free_memory(device)
-    if fits and limit is not None and peak is not None and peak > limit:
-        fits = False
-    return fits, peak
+    fits = error is None and not (limit is not None and peak is not None and peak > limit)
+    return fits, peak, error
 
 
 def free_memory(device: torch.device) -> None:
@@ -202,7 +224,8 @@ def _part(batch: Any, start: int, stop: int) -> Any:
 def out_of_memory_message(detail: str, device: torch.device) -> str:
     """The one line a run that cannot fit even one sample ends with: what happened, the peak,
     and what would help."""
-    first = detail.strip().splitlines()[0] if detail.strip() else "no detail"
+    first = _ENFORCE_PREFIX.sub("", detail.strip().splitlines()[0]) if detail.strip() else ""
+    first = first or "no detail"
     peak = ""
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory

@@ -22,6 +22,7 @@ resumes after a kill.
 from __future__ import annotations
 
 import logging
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from itertools import islice
@@ -269,6 +270,7 @@ class StreamSource(Source):
         build: Callable[..., DataLoader],
     ) -> None:
         self.stream = _split(data, rank, world)
+        self.what = f"train_data ({type(data).__name__})"
         n = _length(data)
         self.batches_per_pass = None if n is None else n // world // micro
         stateful_stream = _stateful(data)
@@ -294,10 +296,11 @@ class StreamSource(Source):
 
     def begin(self, epoch: int, consumed: int) -> Iterator[Any]:
         _set_epoch(self.stream, epoch)
-        if self._restored is not None:
-            _restore(self.stream if self.own_state else self.loader, self._restored)
-            self._restored = None
-        return iter(self.loader)
+        restored, self._restored = self._restored, None
+        if restored is None:
+            return iter(self.loader)
+        target = self.stream if self.own_state else self.loader
+        return _resume(self.loader, target, restored, self.what)
 
     def state_dict(self) -> Any:
         if not self.exact:
@@ -329,10 +332,11 @@ class LoaderSource(Source):
         for part in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
             _set_epoch(part, epoch)  # a DistributedSampler reshuffles by epoch
         _set_epoch(loader.dataset, epoch)
-        if self._restored is not None:
-            _restore(loader, self._restored)
-            self._restored = None
-        return iter(loader)
+        restored, self._restored = self._restored, None
+        if restored is None:
+            return iter(loader)
+        what = f"train_data ({type(loader).__name__} over {type(loader.dataset).__name__})"
+        return _resume(loader, loader, restored, what)
 
     def state_dict(self) -> Any:
         if not self.exact:
@@ -357,15 +361,40 @@ def _same_workers(saved: dict[str, Any], loader: Any, fix: str) -> Any:
     return saved["state"]
 
 
-def _restore(target: Any, state: Any) -> None:
-    """`target.load_state_dict(state)`; a state it cannot take is one line, not a traceback."""
+# What a load_state_dict raises on a state it does not understand: a key it misses, a value
+# or a type it does not expect.
+_REJECTIONS = (KeyError, ValueError, TypeError, IndexError, AttributeError)
+
+
+def _resume(loader: Any, target: Any, state: Any, what: str) -> Iterator[Any]:
+    """`target.load_state_dict(state)`, then a fresh iterator of `loader` (a stateful loader
+    hands the state to the stream there, in its workers or in this process). A state the
+    pipeline rejects is one line naming `what` and the way out, not a traceback."""
     try:
         target.load_state_dict(state)
+        return iter(loader)
     except Exception as exc:
-        raise ThriftyError(
-            f"the checkpoint's data position does not fit this data pipeline ({type(exc).__name__}: "
-            f"{exc}): resume with the pipeline that wrote it"
-        ) from None
+        # The half-made iterator lives on in the traceback's frames: cleared, it is collected
+        # now and its workers stopped (they ignore SIGTERM, so the interpreter's exit would
+        # wait for them forever).
+        traceback.clear_frames(exc.__traceback__)
+        if isinstance(exc, ThriftyError) or not isinstance(exc, _REJECTIONS):
+            raise  # not about the state (a source gone away, say): as it is
+        problem = _rejection(exc)
+    raise ThriftyError(
+        f"{what} rejected the checkpoint's data position ({problem}): its load_state_dict "
+        "does not take the state this run saved; resume with the data pipeline that wrote the "
+        "checkpoint, or start the run over (--overwrite, run.overwrite = true)"
+    )
+
+
+def _rejection(exc: Exception) -> str:
+    """`Type: message` of what the pipeline raised; from a loader's worker, the original's (the
+    last line of the traceback it carries)."""
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    if "Original Traceback" in str(exc) and lines:
+        return lines[-1].strip()
+    return f"{type(exc).__name__}: {lines[0] if lines else 'no message'}"
 
 
 # --- the checks, and samples to count FLOPs and size micro-batches with ------------------------

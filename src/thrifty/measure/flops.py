@@ -141,8 +141,13 @@ def count_flops(fn: Callable[[], Any]) -> FlopCount:
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
             with flop_mode, counter:
                 fn()
-    except BaseException:
+    except BaseException as exc:
         saved.release()  # a forward whose backward will never run: free what it saved
+        from thrifty.levers.micro_batch import is_out_of_memory
+
+        if is_out_of_memory(exc) and not isinstance(exc, torch.OutOfMemoryError):
+            # The CPU allocator's RuntimeError: callers size the micro-batch on one type.
+            raise torch.OutOfMemoryError(str(exc)) from exc
         raise
     return FlopCount(float(flop_mode.get_total_flops()), counter.ops, saved.total)
 
