@@ -447,16 +447,37 @@ class TaskConfig:
     train_data: str | None = None  # () -> Dataset
     val_data: str | None = None  # () -> Dataset
     optimizer: str | None = None  # (model) -> Optimizer
+    # (optimizer, **scheduler_args) -> LRScheduler, stepped once per optimizer step in place of
+    # [schedule]; e.g. "torch.optim.lr_scheduler:StepLR" with scheduler_args = { step_size = 3 }
+    scheduler: str | None = None
     loss_fn: str | None = None  # (output, batch) -> loss
     collate_fn: str | None = None  # (list of samples) -> batch, the DataLoader's collate_fn
     model_args: dict[str, Any] = field(default_factory=dict)
     data_args: dict[str, Any] = field(default_factory=dict)  # passed to both data factories
+    scheduler_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for key in ("model", "train_data", "val_data", "optimizer", "loss_fn", "collate_fn"):
+        keys = (
+            "model",
+            "train_data",
+            "val_data",
+            "optimizer",
+            "scheduler",
+            "loss_fn",
+            "collate_fn",
+        )
+        for key in keys:
             value = getattr(self, key)
             if value is not None and not re.fullmatch(r"[\w.]+:[\w.]+", value):
                 _fail(self.SECTION, key, value, "use an import path like 'package.module:factory'")
+        if self.scheduler_args and self.scheduler is None:
+            _fail(
+                self.SECTION,
+                "scheduler_args",
+                self.scheduler_args,
+                "needs task.scheduler, the factory they are passed to "
+                "(e.g. 'torch.optim.lr_scheduler:StepLR')",
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

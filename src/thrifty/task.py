@@ -45,6 +45,7 @@ class Task:
     optimizer: Any = None
     loss_fn: Any = None
     collate_fn: Any = None
+    scheduler: Any = None  # a ConfigScheduler: task.scheduler with task.scheduler_args
 
     def trainer(self, config: TrainConfig, *, validate: bool = True) -> Any:
         """The Trainer of this task: every part the factories built, passed in one place.
@@ -56,6 +57,7 @@ class Task:
             self.train_data,
             config,
             optimizer=self.optimizer,
+            scheduler=self.scheduler,
             val_data=self.val_data if validate else None,
             loss_fn=self.loss_fn,
             collate_fn=self.collate_fn,
@@ -107,4 +109,27 @@ def build_task(config: TrainConfig) -> Task:
     optimizer = import_object(t.optimizer, "task.optimizer") if t.optimizer else None
     loss_fn = import_object(t.loss_fn, "task.loss_fn") if t.loss_fn else None
     collate_fn = import_object(t.collate_fn, "task.collate_fn") if t.collate_fn else None
-    return Task(model, train, val, optimizer, loss_fn, collate_fn)
+    scheduler = scheduler_factory(t.scheduler, t.scheduler_args) if t.scheduler else None
+    return Task(model, train, val, optimizer, loss_fn, collate_fn, scheduler)
+
+
+def scheduler_factory(path: str, args: dict[str, Any]) -> Any:
+    """`task.scheduler`, to be called on the optimizer once it is built, with
+    `task.scheduler_args`; arguments it does not take are refused here, before training."""
+    from thrifty.levers.user_scheduler import ConfigScheduler
+
+    factory = import_object(path, "task.scheduler")
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: let the call say
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(None, **args)  # None stands for the optimizer
+        except TypeError as exc:
+            accepts = ", ".join(signature.parameters) or "no arguments"
+            raise ConfigError(
+                f"task.scheduler_args does not fit task.scheduler = {path!r}: {exc}; it takes "
+                f"({accepts}), the optimizer first"
+            ) from None
+    return ConfigScheduler(factory, dict(args), f"task.scheduler = {path!r}")

@@ -46,7 +46,7 @@ from thrifty.levers.micro_batch import (
 )
 from thrifty.levers.optimizer import OptimizerArg, make_optimizer
 from thrifty.levers.precision import LossScaler, Precision, resolve_precision
-from thrifty.levers.schedule import schedule_horizon, scheduler_for
+from thrifty.levers.user_scheduler import SchedulerArg, run_scheduler
 from thrifty.measure import instruments
 from thrifty.measure.monitor import RunMonitor
 from thrifty.measure.timing import NullTimer, maybe_trace
@@ -80,7 +80,9 @@ class Trainer:
     `optimizer` is an Optimizer or a factory `model -> Optimizer`, called once the model is
     wrapped (the form FSDP needs: it replaces the parameters with their shards). It defaults to
     the one `config.optimizer` describes; with either, its lr is scaled by the linear scaling
-    rule when `optimizer.reference_batch` is set, and scheduled.
+    rule when `optimizer.reference_batch` is set, and scheduled: by `config.schedule`, or by
+    `scheduler`, an LRScheduler built on that optimizer or a factory `optimizer -> LRScheduler`,
+    stepped once per optimizer step in its place (thrifty.levers.user_scheduler).
 
     Under torchrun the Trainer joins the process group; `close()` leaves it (a `with` block
     does so on exit).
@@ -93,6 +95,7 @@ class Trainer:
         config: TrainConfig | None = None,
         *,
         optimizer: OptimizerArg = None,
+        scheduler: SchedulerArg = None,
         val_data: Dataset | None = None,
         loss_fn: LossFn | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
@@ -114,7 +117,7 @@ class Trainer:
         self.dist, device = init_distributed(cfg.distributed, cfg.run.device)
         try:
             with console_for_api():  # the set-up's lines, as `thrifty train` shows them
-                self._build(device, train_data, optimizer, collate_fn)
+                self._build(device, train_data, optimizer, collate_fn, scheduler)
         except BaseException:
             self.dist.close()  # the caller gets no Trainer to close it with
             raise
@@ -125,6 +128,7 @@ class Trainer:
         train_data: Dataset,
         optimizer: OptimizerArg,
         collate_fn: Callable[[list[Any]], Any] | None,
+        scheduler: SchedulerArg = None,
     ) -> None:
         """Each lever applied once, in the order they depend on one another."""
         cfg, dist = self.config, self.dist
@@ -189,12 +193,13 @@ class Trainer:
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         self.state = TrainState()
         self.budget = Budget.of(cfg.run, self.batches.steps_per_epoch)
-        horizon = schedule_horizon(cfg.schedule, cfg.run.max_steps, self.budget.epoch_steps)
-        make_scheduler = functools.partial(scheduler_for, self.optimizer, cfg.schedule)
+        scheduler, horizon, make_scheduler = run_scheduler(
+            scheduler, self.optimizer, cfg, self.budget.epoch_steps, self.effective_batch
+        )
         parts = Stateful(
             self.model,
             self.optimizer,
-            make_scheduler(horizon),
+            scheduler,
             self.precision.make_scaler(),
             EarlyStopping(cfg.early_stopping.patience, cfg.early_stopping.min_delta),
             RunGuard(cfg.guard),

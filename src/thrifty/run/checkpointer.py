@@ -34,7 +34,6 @@ from thrifty.run.config_changes import (
     ResumeChanges,
     check_resume_changes,
     optimizer_settings,
-    reapply_optimizer_settings,
     resume_horizon,
 )
 from thrifty.run.directory import MetricsLog
@@ -43,6 +42,7 @@ from thrifty.run.lock import RunLock
 from thrifty.run.opening import Claimed, claim_run_dir, record_opening
 from thrifty.run.rng import rng_state, seed_everything, set_rng_state
 from thrifty.run.saves import SpotGuard
+from thrifty.run.schedule_state import restore_scheduler, scheduler_kind
 from thrifty.run.state import TrainState
 from thrifty.strategies.base import Strategy, shapes
 from thrifty.strategies.elastic import check_effective_kept
@@ -57,7 +57,8 @@ class Stateful:
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
-    scheduler: Any  # an LRScheduler; rebuilt when a resume changes the schedule's horizon
+    # An LRScheduler, rebuilt when a resume changes the schedule's horizon; or a UserScheduler
+    scheduler: Any
     scaler: LossScaler
     early_stopping: EarlyStopping
     guard: RunGuard
@@ -85,7 +86,7 @@ class RunCheckpointer:
         parts: Stateful,
         progress: TrainState,
         layout: Layout,
-        make_scheduler: Callable[[int | None], Any],
+        make_scheduler: Callable[[int | None], Any] | None,
     ) -> None:
         self.config = config
         self.dist = dist
@@ -281,6 +282,7 @@ class RunCheckpointer:
         state = self.strategy.full_state(p.model, p.optimizer)
         state.update(
             scheduler=p.scheduler.state_dict(),
+            scheduler_kind=scheduler_kind(p.scheduler),
             scaler=p.scaler.state_dict(),
             early_stopping=p.early_stopping.state_dict(),
             guard=p.guard.state_dict(),
@@ -323,7 +325,7 @@ class RunCheckpointer:
         changes = check_resume_changes(saved_config, current, self.config.run.allow_config_change)
         self.resume_changes = changes
         horizon = resume_horizon(saved_config, current, layout.steps_per_epoch)
-        if horizon != self.horizon:
+        if self._make_scheduler is not None and horizon != self.horizon:  # None: a user's
             self.horizon = horizon
             p.scheduler = self._make_scheduler(horizon)
         settings = optimizer_settings(p.optimizer)
@@ -332,9 +334,9 @@ class RunCheckpointer:
         self.strategy.load(
             p.model, p.optimizer, state, shards, optimizer_state=changes.keeps_optimizer_state
         )
-        p.scheduler.load_state_dict(state["scheduler"])
-        if changes.optimization:  # the checkpoint's lr, betas, ... would override this run's
-            reapply_optimizer_settings(p.optimizer, p.scheduler, settings)
+        # With changes, the checkpoint's lr, betas, ... would override this run's.
+        allow = self.config.run.allow_config_change
+        restore_scheduler(p.scheduler, state, settings, changes, allow)
         if state["scaler"]:  # a bf16/fp32 checkpoint has no loss scale for an fp16 resume
             p.scaler.load_state_dict(state["scaler"])
         p.early_stopping.load_state_dict(state["early_stopping"])

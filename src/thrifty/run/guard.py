@@ -276,6 +276,10 @@ def step_unless_skipped(optimizer: Any, scaler: Any, ok: Any, *, warn: Any = Non
 def rewind_schedule(scheduler: Any, steps: int) -> None:
     """Set a LambdaLR back by `steps` skipped steps: a skipped step does not advance the
     learning-rate schedule. Applied when the skip is known on the host (the metrics flush)."""
+    rewind = getattr(scheduler, "rewind", None)
+    if rewind is not None:  # a user's scheduler (thrifty.levers.user_scheduler) replays itself
+        rewind(steps)
+        return
     if steps <= 0:
         return
     scheduler.last_epoch -= steps
