@@ -20,9 +20,9 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from thrifty.data.loading import LoaderSettings, build_loader, choose_num_workers
+from thrifty.data.sampling import EpochSampler, sample_seed, seed_generators
 from thrifty.demo import train_dataset
-from thrifty.levers.data_loading import LoaderSettings, build_loader, choose_num_workers
-from thrifty.levers.sampling import EpochSampler, sample_seed, seed_generators
 
 MICRO = 16
 

@@ -41,7 +41,7 @@ def hold(marks: str, where: str, until_stop: bool = True) -> None:
     (`until_stop`) or for good (until a signal's exception ends the wait)."""
     if not first_time(marks, where):
         return
-    from thrifty.run.stop_signals import active_stop_signals
+    from thrifty.records.stop_signals import active_stop_signals
 
     deadline = time.monotonic() + HOLD_SECONDS
     while time.monotonic() < deadline:

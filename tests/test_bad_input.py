@@ -183,7 +183,7 @@ def test_a_second_cuda_device_becomes_the_current_one(monkeypatch):
 
 
 def test_grad_norm_is_recorded_with_clipping_off(tmp_path):
-    from thrifty.run.directory import read_metrics
+    from thrifty.records.directory import read_metrics
 
     config = cfg(tmp_path, log_every=1, progress="off").replace(**{"optimizer.grad_clip": "0"})
     Trainer(tiny_gpt(), TokenDataset(n=16), config).fit()

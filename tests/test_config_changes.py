@@ -14,6 +14,7 @@ from thrifty import Trainer
 from thrifty.config import TrainConfig, load_config
 from thrifty.errors import ConfigError
 from thrifty.levers.schedule import build_scheduler, lr_multiplier
+from thrifty.records.directory import read_metrics
 from thrifty.run.config_changes import (
     KINDS,
     OPTIMIZATION,
@@ -31,7 +32,6 @@ from thrifty.run.config_changes import (
     resume_horizon,
     write_run_config,
 )
-from thrifty.run.directory import read_metrics
 
 
 def saved(**sections) -> dict:

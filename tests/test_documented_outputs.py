@@ -431,7 +431,7 @@ def tune_example_prices(lines: list[str]) -> tuple[list[str], str, list[str]]:
     """What the planner makes of the README's measured `thrifty tune` trials: each trial row
     with its $/M tokens and job $ at the catalog's on-demand price, the spot note, and the
     waterfall's lines (spot lever from the catalog's spot price and the spot model)."""
-    from thrifty.measure.cost import CostConfig
+    from thrifty.config import CostConfig
     from thrifty.plan.levers import LeverInputs, LeverPlan, apply_levers
     from thrifty.plan.report import console
     from thrifty.tuning.pricing import price_for, spot_plan

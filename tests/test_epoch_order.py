@@ -9,10 +9,11 @@ import psutil
 import pytest
 import torch
 
+from thrifty.data import loading as data_loading
+from thrifty.data import sampling
+from thrifty.data.loading import LoaderSettings, build_loader, worker_candidates
+from thrifty.data.sampling import EpochSampler, epoch_order
 from thrifty.errors import ConfigError
-from thrifty.levers import data_loading, sampling
-from thrifty.levers.data_loading import LoaderSettings, build_loader, worker_candidates
-from thrifty.levers.sampling import EpochSampler, epoch_order
 
 SIZES = [1, 2, 3, 17, 1000, 4099, 40_000]  # 40 000 spans several blocks of positions
 

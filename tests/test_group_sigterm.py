@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from helpers import AugmentedTokens, TokenDataset, stop_group_after, tiny_gpt
+from thrifty.data.loading import IgnoreStopSignals, LoaderSettings, _blocked, build_loader
+from thrifty.data.sampling import EpochSampler
 from thrifty.errors import ConfigError
-from thrifty.levers.data_loading import IgnoreStopSignals, LoaderSettings, _blocked, build_loader
-from thrifty.levers.sampling import EpochSampler
-from thrifty.run.directory import read_metrics
-from thrifty.run.preemption import EXIT_PREEMPTED
+from thrifty.records.directory import read_metrics
+from thrifty.records.stop_signals import EXIT_PREEMPTED
 
 TESTS = Path(__file__).parent
 
@@ -167,8 +167,8 @@ class DiesOf(torch.utils.data.Dataset):
 def windows_of(data) -> tuple[list[list[int]], Any]:
     """The windows (one micro-batch of 4 each) thrifty hands the loop, with 2 workers, in order."""
     from thrifty.config import TrainConfig
-    from thrifty.levers.batching import TrainBatches
-    from thrifty.run.state import TrainState
+    from thrifty.data.batching import TrainBatches
+    from thrifty.records.state import TrainState
 
     config = TrainConfig.from_dict(
         {
@@ -256,8 +256,8 @@ LIVE_WORKERS_AT_EXIT = """
 import sys
 sys.path.insert(0, {tests!r})
 from helpers import TokenDataset
-from thrifty.levers.data_loading import (LoaderSettings, build_loader)
-from thrifty.levers.sampling import (EpochSampler)
+from thrifty.data.loading import (LoaderSettings, build_loader)
+from thrifty.data.sampling import (EpochSampler)
 
 loader = build_loader(TokenDataset(n=64), EpochSampler(64, shuffle=False), LoaderSettings(4, 2))
 batches = iter(loader)

@@ -17,7 +17,7 @@ from thrifty import Trainer
 from thrifty.checkpoint.loading import load_checkpoint
 from thrifty.config import TrainConfig
 from thrifty.errors import ConfigError
-from thrifty.run.directory import read_metrics
+from thrifty.records.directory import read_metrics
 
 FEATURES = 6
 

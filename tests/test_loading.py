@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from helpers import BurnDataset
-from thrifty.errors import ConfigError
-from thrifty.levers.data_loading import (
+from thrifty.data.loading import (
     LoaderSettings,
     build_loader,
     choose_num_workers,
@@ -13,7 +12,8 @@ from thrifty.levers.data_loading import (
     resolve_pin_memory,
     worker_candidates,
 )
-from thrifty.levers.sampling import EpochSampler
+from thrifty.data.sampling import EpochSampler
+from thrifty.errors import ConfigError
 
 
 def fetch_times(seconds: dict[int, float]):

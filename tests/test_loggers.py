@@ -20,8 +20,8 @@ from helpers import TokenDataset, tiny_gpt
 from thrifty import Trainer
 from thrifty.config import TrainConfig
 from thrifty.errors import MissingDependencyError
-from thrifty.run.directory import read_metrics
-from thrifty.run.loggers import IntervalScalars
+from thrifty.measure.loggers import IntervalScalars
+from thrifty.records.directory import read_metrics
 
 LOG_EVERY = 2
 

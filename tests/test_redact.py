@@ -9,6 +9,7 @@ import pytest
 
 from thrifty.checkpoint.storage import redact
 from thrifty.config import TrainConfig, dump_toml, load_config
+from thrifty.records.directory import MetricsLog, read_metrics, write_json
 from thrifty.redact import (
     REDACTED,
     RedactingFilter,
@@ -17,7 +18,6 @@ from thrifty.redact import (
     redact_text,
     redact_value,
 )
-from thrifty.run.directory import MetricsLog, read_metrics, write_json
 
 AWS_KEY_ID = "AKIAIOSFODNN7EXAMPLE"
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"

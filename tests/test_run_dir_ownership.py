@@ -22,7 +22,7 @@ from thrifty.checkpoint.storage import LocalStorage
 from thrifty.config import TrainConfig
 from thrifty.errors import ThriftyError
 from thrifty.own_files import CONFIG_HEADER, REPORT_MARK
-from thrifty.run.directory import read_metrics
+from thrifty.records.directory import read_metrics
 
 
 def one_error(err: str) -> str:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from thrifty import cli
+from thrifty.children import first_error_line
 from thrifty.commands import scale
-from thrifty.commands.children import first_error_line
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.measure.bandwidth import bus_gbs, measure_bus_bandwidth
 from thrifty.plan.scaling import scaling
@@ -218,7 +218,7 @@ def test_every_child_runs_the_same_global_batch(tmp_path, monkeypatch):
 
 def test_each_count_gets_its_share_of_the_cpus(config, tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr("thrifty.levers.data_loading.available_cpus", lambda: 8)
+    monkeypatch.setattr("thrifty.strategies.device.available_cpus", lambda: 8)
     args = parse(str(config), "--nprocs", "1,2,8", "--out", str(tmp_path / "o"))
     args.overrides = ["batch.effective=32"]
     plan = scale.make_plan(args)

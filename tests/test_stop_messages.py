@@ -13,8 +13,8 @@ import pytest
 from stop_probe import finish, job, lines_about, run, start, wait_for
 from thrifty.config import SpotConfig
 from thrifty.errors import ConfigError
+from thrifty.records.stop_signals import StopSignals
 from thrifty.run.preemption import PreemptionWatcher, make_poller
-from thrifty.run.stop_signals import StopSignals
 
 
 def test_ctrl_c_during_the_emergency_save_says_what_a_stop_loses_and_a_third_stops_at_once(

@@ -20,8 +20,8 @@ from stop_probe import (
 )
 from thrifty.cli import main
 from thrifty.errors import ConfigError
+from thrifty.records.stop_signals import EXIT_PREEMPTED
 from thrifty.run.checkpointer import RunCheckpointer
-from thrifty.run.preemption import EXIT_PREEMPTED
 
 NOTHING_YET = "during set-up: nothing to save yet; run the same command to"
 

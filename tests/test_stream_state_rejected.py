@@ -10,7 +10,7 @@ import pytest
 
 from streams import Picky
 from test_your_data import env, job, kill_after_checkpoint, one_line, run_in_process, train
-from thrifty.levers import sources
+from thrifty.data import sources
 
 
 def rejected(what: str, error: str) -> str:

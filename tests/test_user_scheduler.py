@@ -20,7 +20,7 @@ from thrifty import Trainer
 from thrifty.config import TrainConfig
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.levers.user_scheduler import UserScheduler
-from thrifty.run.directory import read_metrics
+from thrifty.records.directory import read_metrics
 from thrifty.run.guard import rewind_schedule, scale_learning_rate
 
 FEATURES = 6

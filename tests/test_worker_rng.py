@@ -12,8 +12,8 @@ import torch
 from helpers import AugmentedTokens, tiny_gpt
 from test_resume import SigtermAt, config
 from thrifty import Trainer
-from thrifty.levers.data_loading import LoaderSettings, build_loader
-from thrifty.levers.sampling import EpochSampler, SeededSamples, sample_seed
+from thrifty.data.loading import LoaderSettings, build_loader
+from thrifty.data.sampling import EpochSampler, SeededSamples, sample_seed
 
 
 def epoch_batches(workers: int, epoch: int = 1, start: int = 0) -> list[torch.Tensor]:
@@ -100,7 +100,7 @@ def test_a_resumed_run_augmenting_in_2_workers_matches_the_uninterrupted_one_bit
 
 
 def test_a_window_saves_and_restores_the_training_streams_once(monkeypatch):
-    from thrifty.levers import sampling
+    from thrifty.data import sampling
 
     calls = []
     real = np.random.get_state

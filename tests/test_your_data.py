@@ -20,10 +20,10 @@ from torch.utils.data import BatchSampler, Dataset, SequentialSampler, WeightedR
 from helpers import tiny_gpt
 from streams import Stream, window
 from thrifty import TrainConfig, Trainer
+from thrifty.data import sources
+from thrifty.data.batching import TrainBatches
 from thrifty.errors import ThriftyError
-from thrifty.levers import sources
-from thrifty.levers.batching import TrainBatches
-from thrifty.run.state import TrainState
+from thrifty.records.state import TrainState
 
 TESTS = Path(__file__).parent
 MODEL = "{ n_layer = 1, n_head = 2, n_embd = 32, block_size = 32, dropout = 0.0 }"

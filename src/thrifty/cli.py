@@ -13,10 +13,10 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from thrifty.commands.common import EXIT_USAGE
+from thrifty.console import EXIT_USAGE
 from thrifty.errors import ConfigError, ThriftyError
+from thrifty.records.stop_signals import EXIT_PREEMPTED, StopRequested, StopSignals, stopping
 from thrifty.redact import redact_text
-from thrifty.run.stop_signals import EXIT_PREEMPTED, StopRequested, StopSignals, stopping
 
 # Modules that contribute subcommands, in the order `thrifty --help` lists them.
 COMMAND_MODULES = (
@@ -28,7 +28,7 @@ COMMAND_MODULES = (
     "thrifty.commands.plan",
     "thrifty.commands.tune",
     "thrifty.commands.report",
-    "thrifty.commands.fleet",
+    "thrifty.commands.launch",
 )
 
 # Commands that train: a stop signal from their first moment is a clean stop (exit 75).

@@ -57,7 +57,7 @@ def check_train_data(
     """A map-style dataset (alone or with your sampler), a stream, or your DataLoader."""
     from torch.utils.data import DataLoader
 
-    from thrifty.levers.sources import is_stream
+    from thrifty.data.sources import is_stream
 
     micro = 1 if config.batch.micro == "auto" else config.batch.micro
     order = "sampler" if sampler is not None else "batch_sampler" if batch_sampler else None

@@ -146,7 +146,7 @@ def console_for_api(logger_name: str = "thrifty") -> Iterator[bool]:
 
 def show_result(result: Any, diagnosis: Any) -> None:
     """What a person sees when a run ends: the summary, the diagnosis, and how to resume."""
-    from thrifty.run.preemption import EXIT_PREEMPTED
+    from thrifty.records.stop_signals import EXIT_PREEMPTED
     from thrifty.run.saves import local_only_message
 
     print_summary(result)

@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from thrifty.config import RunConfig, TrainConfig
+from thrifty.data.batching import TrainBatches, starting_accumulation
 from thrifty.errors import ConfigError, DataSourceError, ThriftyError
 from thrifty.inputs import check_inputs
 from thrifty.levers.accumulation import (
@@ -33,7 +34,6 @@ from thrifty.levers.accumulation import (
     window_counts,
 )
 from thrifty.levers.activation_checkpointing import apply_activation_checkpointing
-from thrifty.levers.batching import TrainBatches, starting_accumulation
 from thrifty.levers.compile import compile_model
 from thrifty.levers.early_stopping import EarlyStopping
 from thrifty.levers.micro_batch import (
@@ -50,17 +50,17 @@ from thrifty.levers.user_scheduler import SchedulerArg, run_scheduler
 from thrifty.measure import instruments
 from thrifty.measure.monitor import RunMonitor
 from thrifty.measure.timing import NullTimer, maybe_trace
+from thrifty.records.budget import Budget
+from thrifty.records.state import FitResult, RunClock, TrainState
+from thrifty.records.stop_signals import StopSignals, active_stop_signals
 from thrifty.report import console_for_api, log_setup, show_result
-from thrifty.run.budget import Budget
+from thrifty.reporting.summary import fit_result, write_outputs
 from thrifty.run.checkpointer import Layout, RunCheckpointer, Stateful
 from thrifty.run.evaluation import validation_loss
 from thrifty.run.guard import RunGuard, guarded_step
 from thrifty.run.rng import seed_everything
-from thrifty.run.state import FitResult, RunClock, TrainState
-from thrifty.run.stop_signals import StopSignals, active_stop_signals
-from thrifty.run.summary import fit_result, write_outputs
 from thrifty.run.watch import RunWatch
-from thrifty.strategies import make_strategy
+from thrifty.strategies.base import make_strategy
 from thrifty.strategies.device import resolve_device
 from thrifty.strategies.process_group import Distributed, check_same_config, init_distributed
 from thrifty.strategies.timeouts import lost_rank_error
@@ -76,7 +76,7 @@ class Trainer:
     `model` returns the loss itself, an output with `.loss`, or logits for `loss_fn(output,
     batch)`. `train_data` is a map-style Dataset (thrifty builds the loader; your `sampler` or
     `batch_sampler` replaces its shuffle), an IterableDataset (a stream), or your DataLoader,
-    used as is: `thrifty.levers.sources` says how each resumes. `val_data` is map-style.
+    used as is: `thrifty.data.sources` says how each resumes. `val_data` is map-style.
     `optimizer` is an Optimizer or a factory `model -> Optimizer`, called once the model is
     wrapped (the form FSDP needs: it replaces the parameters with their shards). It defaults to
     the one `config.optimizer` describes; with either, its lr is scaled by the linear scaling

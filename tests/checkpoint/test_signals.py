@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from thrifty.commands.launch import _shutdown_settings, forwarded_signals, worker_grace_seconds
 from thrifty.config import SpotConfig
 from thrifty.errors import ConfigError
 from thrifty.run.preemption import PreemptionWatcher
+from thrifty.strategies.launcher import _shutdown_settings, forwarded_signals, worker_grace_seconds
 
 TIMEOUT = 120  # seconds a training process may take before the test fails instead of hanging
 
@@ -132,7 +132,7 @@ def test_the_launcher_forwards_the_watched_signals_and_waits_past_the_upload_dea
 
 
 def test_a_bad_signal_for_the_launcher_is_refused_before_anything_starts():
-    from thrifty.commands.launch import launch
+    from thrifty.strategies.launcher import launch
 
     with pytest.raises(ConfigError, match=r"^spot.signals = \['SIGFOO'\] is invalid"):
         launch(2, ["train", "job.toml"], signals=["SIGFOO"])

@@ -12,11 +12,11 @@ import torch
 from thrifty.checkpoint.errors import CorruptCheckpointError, UnsafeCheckpointError
 from thrifty.checkpoint.manifest import Manifest
 from thrifty.checkpoint.sharded import merge_tensors, read_metadata_safely, split_tensors
-from thrifty.commands.launch import _exit_code, strip_nprocs
 from thrifty.config import DistributedConfig, TrainConfig, flatten_keys
+from thrifty.data.sampling import EpochSampler
 from thrifty.errors import ConfigError
 from thrifty.levers.accumulation import loss_weights
-from thrifty.levers.sampling import EpochSampler
+from thrifty.strategies.launcher import _exit_code, strip_nprocs
 from thrifty.strategies.process_group import Distributed, init_distributed
 
 

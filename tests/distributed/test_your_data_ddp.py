@@ -19,7 +19,7 @@ import psutil
 import pytest
 import torch
 
-from thrifty.run.directory import read_metrics
+from thrifty.records.directory import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
@@ -217,8 +217,8 @@ import torch
 
 import streams
 from thrifty.config import TrainConfig
-from thrifty.levers.batching import TrainBatches
-from thrifty.run.state import TrainState
+from thrifty.data.batching import TrainBatches
+from thrifty.records.state import TrainState
 from thrifty.strategies.process_group import init_distributed
 
 RUN = {"max_steps": 100, "device": "cpu"}

@@ -33,7 +33,7 @@ def test_time_limits_are_written_the_way_sbatch_reads_them(seconds, slurm):
 
 
 def test_a_job_on_several_nodes_needs_a_rendezvous_every_node_shares():
-    from thrifty.commands.launch import Rendezvous
+    from thrifty.strategies.launcher import Rendezvous
 
     with pytest.raises(ConfigError, match="a job on 2 nodes needs a rendezvous"):
         Rendezvous(nodes=2)

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from thrifty.levers.data_loading import available_cpus
 from thrifty.measure.diagnosis import Evidence
 from thrifty.measure.flops import count_flops
+from thrifty.strategies.device import available_cpus
 
 
 class SimulatedCpu:

@@ -20,7 +20,7 @@ from thrifty.measure.stragglers import (
     slowest,
 )
 from thrifty.measure.timing import CpuTimer
-from thrifty.run.directory import MetricsLog, read_metrics
+from thrifty.records.directory import MetricsLog, read_metrics
 
 
 def intervals(

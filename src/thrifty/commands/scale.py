@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thrifty.commands import children
-from thrifty.commands.common import dash, prepare_out, refuse_file, say
-from thrifty.commands.launch import threads_per_process
+from thrifty import children
 from thrifty.commands.training import add_set_option
+from thrifty.console import dash, prepare_out, refuse_file, say
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.measure.bandwidth import MAX_BUS_BYTES, measure_bus_bandwidth
 from thrifty.plan.scaling import (
@@ -37,6 +36,7 @@ from thrifty.plan.scaling import (
     overlap_applies,
     scaling_conclusion,
 )
+from thrifty.strategies.launcher import threads_per_process
 
 DEFAULT_STEPS = 20
 # What a run's summary.json must hold for the comparison.
@@ -291,7 +291,7 @@ def run_scale(
     """The handler. `runner` and `bus_meter` replace the child runs and the bandwidth
     measurement (tests)."""
     from thrifty.plan.report import to_json
-    from thrifty.run.directory import write_json
+    from thrifty.records.directory import write_json
 
     plan = make_plan(args)
     _prepare_out(plan, args.overwrite)
@@ -323,7 +323,7 @@ def run_scale(
 def make_plan(args: argparse.Namespace) -> ScalePlan:
     """Check every option and the config up front, before any run starts."""
     from thrifty.config import load_config, parse_set_args
-    from thrifty.levers.data_loading import available_cpus
+    from thrifty.strategies.device import available_cpus
 
     counts = parse_nprocs(args.nprocs)
     if args.steps < 2:

@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from thrifty.run.stop_signals import StopSignals
+    from thrifty.records.stop_signals import StopSignals
     from thrifty.trainer import Trainer
 
 HELP_SET = "override a config value, e.g. --set batch.micro=8 (repeatable)"
@@ -107,7 +107,7 @@ def _overrides(args: argparse.Namespace) -> list[tuple[str, Any]]:
 def run_demo(args: argparse.Namespace) -> int:
     from thrifty.config import load_config
     from thrifty.demo import DEMO_CONFIG
-    from thrifty.run.stop_signals import stopping
+    from thrifty.records.stop_signals import stopping
 
     with stopping() as stops:
         config = load_config(None, _overrides(args), base=DEMO_CONFIG)
@@ -116,7 +116,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def run_train(args: argparse.Namespace) -> int:
     from thrifty.config import load_config
-    from thrifty.run.stop_signals import stopping
+    from thrifty.records.stop_signals import stopping
 
     with stopping() as stops:  # the default stop signals until the config names its own
         config = load_config(args.config, _overrides(args))  # bad input fails here, once
@@ -125,7 +125,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, config: Any, stops: StopSignals) -> int:
     """Train in this process, or launch `--nprocs` of them. A stop signal before the first
-    step raises StopRequested (see `thrifty.run.stop_signals`), which the command line ends
+    step raises StopRequested (see `thrifty.records.stop_signals`), which the command line ends
     with exit code 75 and one line."""
     launching = _launching(args)
     stops.install(config.spot.signals)
@@ -145,7 +145,7 @@ def _launching(args: argparse.Namespace) -> bool:
 
 
 def _launch(args: argparse.Namespace, config: Any) -> int:
-    from thrifty.commands.launch import launch
+    from thrifty.strategies.launcher import launch
 
     return launch(
         args.nprocs,
@@ -159,9 +159,9 @@ def _train(config: Any, stops: StopSignals) -> int:
     import logging
     import sys
 
+    from thrifty.records.stop_signals import EXIT_PREEMPTED
     from thrifty.redact import install_log_redaction
     from thrifty.report import show_result
-    from thrifty.run.preemption import EXIT_PREEMPTED
     from thrifty.run.rng import seed_everything
     from thrifty.strategies.process_group import env_rank
     from thrifty.task import build_task

@@ -76,8 +76,8 @@ def run_tune_command(args: argparse.Namespace) -> int:
     """Tune, print the report (whatever trials finished) and, when no trial found a winner,
     raise the one line that says why (exit code 2). Stopped by SIGTERM or SIGINT: one line,
     exit code 75, and the same command resumes."""
-    from thrifty.commands.common import say
     from thrifty.config import parse_set_args
+    from thrifty.console import say
     from thrifty.errors import ThriftyError
     from thrifty.plan.report import to_json
     from thrifty.tuning.report import print_report, result_dict

@@ -1,7 +1,7 @@
 """What runs on every node of a fleet job: `python -m thrifty.fleet.agent ... -- train CONFIG`.
 
 It is torchrun's elastic agent (c10d rendezvous on the first node, one worker per GPU) with
-thrifty's launcher around it (`thrifty.commands.launch`): the launcher forwards `spot.signals`
+thrifty's launcher around it (`thrifty.strategies.launcher`): the launcher forwards `spot.signals`
 to the workers (torchrun's default set lacks SIGUSR1, Slurm's warning), waits for the
 emergency upload before it kills them, and ends with 75 when the job was preempted. Plain
 torchrun ends with 1 then, and the engine could not tell "resume me" from "broken".
@@ -13,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from thrifty.commands.common import EXIT_USAGE
+from thrifty.console import EXIT_USAGE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,8 +34,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run this node's part of the job; returns its exit code (75: preempted, resume)."""
-    from thrifty.commands.launch import Rendezvous, launch
     from thrifty.errors import ThriftyError
+    from thrifty.strategies.launcher import Rendezvous, launch
 
     args = _parser().parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command

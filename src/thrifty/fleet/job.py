@@ -112,7 +112,7 @@ class FleetJob:
     def signal_lead_seconds(self) -> int:
         """Seconds before a time limit the preemption signal must come: the agent's wait for
         the workers (upload deadline plus its margin) plus Slurm's lateness."""
-        from thrifty.commands.launch import worker_grace_seconds
+        from thrifty.strategies.launcher import worker_grace_seconds
 
         return worker_grace_seconds(self.upload_deadline) + SIGNAL_MARGIN_SECONDS
 

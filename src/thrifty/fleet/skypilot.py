@@ -31,7 +31,7 @@ from thrifty.fleet.files import MARKER
 from thrifty.fleet.job import FleetJob
 from thrifty.fleet.shell import Env, command
 from thrifty.fleet.wheel import FOLDER
-from thrifty.run.preemption import EXIT_PREEMPTED
+from thrifty.records.stop_signals import EXIT_PREEMPTED
 
 INSTALL = "pip install 'thrifty[skypilot]'"
 # thrifty's catalog names → SkyPilot's accelerator names (`sky show-gpus`).

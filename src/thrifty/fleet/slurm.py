@@ -18,15 +18,15 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from thrifty.commands.common import EXIT_USAGE
+from thrifty.console import EXIT_USAGE
 from thrifty.fleet.credentials import described
 from thrifty.fleet.files import MARKER
 from thrifty.fleet.job import FleetJob
 from thrifty.fleet.shell import Env, Word, command
-from thrifty.run.preemption import EXIT_PREEMPTED
+from thrifty.records.stop_signals import EXIT_PREEMPTED
 
 # What `data.num_workers = "auto"` measures up to on each rank
-# (`thrifty.levers.data_loading.worker_candidates`).
+# (`thrifty.data.loading.worker_candidates`).
 AUTO_LOADER_WORKERS = 8
 WRONG_ENV = (
     "thrifty: error: this job runs python -m thrifty, and the python on PATH has no "

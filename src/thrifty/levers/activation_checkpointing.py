@@ -12,45 +12,18 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from thrifty.config.sections import parse_policy
+
 _MARK = "_thrifty_checkpointed_forward"
 
 
-@dataclass(frozen=True)
-class Policy:
-    """Which blocks to wrap: every `nth` repeated block, or the modules matching `patterns`."""
-
-    nth: int = 0  # 0: none; 1: all; 2: every other ...
-    patterns: tuple[str, ...] = ()
-
-
-def parse_policy(policy: str | Sequence[str]) -> Policy:
-    """`off | every_other | all | every_nth:N | [patterns]` → Policy (ValueError saying what's allowed)."""
-    if isinstance(policy, str):
-        if policy == "off":
-            return Policy()
-        if policy == "all":
-            return Policy(nth=1)
-        if policy == "every_other":
-            return Policy(nth=2)
-        match = re.fullmatch(r"every_nth:(\d+)", policy)
-        if match and int(match.group(1)) > 0:
-            return Policy(nth=int(match.group(1)))
-        raise ValueError(
-            "use off, every_other, all, every_nth:N (N ≥ 1) or a list of module-name patterns"
-        )
-    patterns = tuple(policy)
-    if not patterns or not all(isinstance(p, str) and p for p in patterns):
-        raise ValueError("a pattern list must hold at least one non-empty module-name pattern")
-    return Policy(patterns=patterns)
 
 
 def find_repeated_blocks(model: nn.Module) -> list[str]:

@@ -293,8 +293,8 @@ def _trial_samples(data: Any, per_rank: int) -> Any:
     iterator (the training's own is not touched), or the dataset itself, indexed lazily."""
     from itertools import islice
 
+    from thrifty.data.sources import is_stream
     from thrifty.errors import ThriftyError
-    from thrifty.levers.sources import is_stream
 
     if not is_stream(data):
         return _Indexed(data, min(per_rank, len(data)))

@@ -39,7 +39,7 @@ def measure_bus_bandwidth(
     rounds of back-to-back all-reduces after a warm-up. gloo uses CPU tensors, nccl one GPU
     per process. Small buffers measure latency as much as bandwidth, as the real step does.
     Gives up after `timeout` seconds."""
-    from thrifty.commands.launch import threads_per_process
+    from thrifty.strategies.launcher import threads_per_process
 
     if processes < 2:
         raise ValueError("a bus bandwidth needs at least 2 processes")

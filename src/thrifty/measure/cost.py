@@ -24,87 +24,14 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal
 
+from thrifty.config.checks import fail, is_number
+from thrifty.config.cost import PRICINGS, CostConfig
 from thrifty.errors import ConfigError
 
 if TYPE_CHECKING:
     from thrifty.plan.catalog import Catalog
-
-PRICINGS = ("on-demand", "spot")
-
-
-def _fail(key: str, value: object, allowed: str) -> NoReturn:
-    raise ConfigError(f"cost.{key} = {value!r} is invalid: {allowed}")
-
-
-def _is_text(value: object) -> bool:
-    return isinstance(value, str) and value.strip() != ""
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class CostConfig:
-    """What the run costs per hour: a catalog instance, or a price per GPU-hour.
-
-    Neither set: no cost meter. `pricing` picks the instance's on-demand or spot price; with
-    `usd_per_gpu_hour` it labels the price given, and `on_demand_usd_per_gpu_hour` may say what
-    on-demand would cost for comparison. `catalog`: a user catalog file (same layout as the
-    built-in one) with newer prices or more instances. `gpus`: GPUs billed; None means one per
-    process of the job (its world size).
-    """
-
-    SECTION: ClassVar[str] = "cost"
-    instance: str | None = None
-    usd_per_gpu_hour: float | None = None
-    gpus: int | None = None  # None: the world size
-    pricing: Literal["on-demand", "spot"] = "on-demand"
-    on_demand_usd_per_gpu_hour: float | None = None
-    catalog: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.instance is not None and self.usd_per_gpu_hour is not None:
-            _fail(
-                "usd_per_gpu_hour",
-                self.usd_per_gpu_hour,
-                f"give cost.instance ({self.instance!r}) or cost.usd_per_gpu_hour, not both",
-            )
-        if self.instance is not None and not _is_text(self.instance):
-            _fail("instance", self.instance, "must be an instance name from the catalog")
-        for key in ("usd_per_gpu_hour", "on_demand_usd_per_gpu_hour"):
-            value = getattr(self, key)
-            if value is not None and not (_is_number(value) and math.isfinite(value) and value > 0):
-                _fail(key, value, "must be a price in USD per GPU-hour, greater than 0")
-        if self.gpus is not None and not (
-            isinstance(self.gpus, int) and not isinstance(self.gpus, bool) and self.gpus >= 1
-        ):
-            _fail(
-                "gpus",
-                self.gpus,
-                "must be a whole number of GPUs, 1 or more (unset: one per process)",
-            )
-        if self.pricing not in PRICINGS:
-            _fail("pricing", self.pricing, f"use {' or '.join(PRICINGS)}")
-        if self.on_demand_usd_per_gpu_hour is not None and (
-            self.usd_per_gpu_hour is None or self.pricing != "spot"
-        ):
-            _fail(
-                "on_demand_usd_per_gpu_hour",
-                self.on_demand_usd_per_gpu_hour,
-                "only compares with a spot price: set cost.usd_per_gpu_hour and "
-                "cost.pricing = 'spot' (an instance's on-demand price comes from the catalog)",
-            )
-        if self.catalog is not None and not _is_text(self.catalog):
-            _fail("catalog", self.catalog, "must be the path of a catalog TOML file")
-
-    @property
-    def enabled(self) -> bool:
-        """True when a price is configured (the run gets a cost meter)."""
-        return self.instance is not None or self.usd_per_gpu_hour is not None
-
 
 @dataclass(frozen=True, slots=True)
 class CostSnapshot:
@@ -201,14 +128,14 @@ class CostMeter:
         on_demand_usd_per_hour: float | None = None,
         source: str = "given",
     ) -> None:
-        if not (_is_number(usd_per_hour) and math.isfinite(usd_per_hour) and usd_per_hour > 0):
+        if not (is_number(usd_per_hour) and usd_per_hour > 0):
             raise ConfigError(
                 f"cost: price {usd_per_hour!r} USD/hour is invalid: must be greater than 0"
             )
         if not (isinstance(gpus, int) and gpus >= 1):
-            _fail("gpus", gpus, "must be a whole number of GPUs, 1 or more")
+            fail("cost", "gpus", gpus, "must be a whole number of GPUs, 1 or more")
         if pricing not in PRICINGS:
-            _fail("pricing", pricing, f"use {' or '.join(PRICINGS)}")
+            fail("cost", "pricing", pricing, f"use {' or '.join(PRICINGS)}")
         if pricing == "on-demand" and on_demand_usd_per_hour is None:
             on_demand_usd_per_hour = usd_per_hour
         self.usd_per_hour = float(usd_per_hour)

@@ -15,18 +15,19 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from thrifty.config import TrainConfig
+from thrifty.data.loading import WorkerChoice
 from thrifty.errors import ThriftyError
 from thrifty.levers.accumulation import LossFn, call_model, to_device
-from thrifty.levers.data_loading import WorkerChoice, available_cpus
 from thrifty.levers.precision import Precision, native_bf16
 from thrifty.measure.cost import LostWork
 from thrifty.measure.monitor import RunMonitor
 from thrifty.measure.progress import ProgressBar
 from thrifty.measure.stragglers import gather_ranks
 from thrifty.measure.timing import make_timer, measure_flops
-from thrifty.run.budget import Budget
-from thrifty.run.directory import MetricsLog
-from thrifty.run.state import TrainState
+from thrifty.records.budget import Budget
+from thrifty.records.directory import MetricsLog
+from thrifty.records.state import TrainState
+from thrifty.strategies.device import available_cpus
 from thrifty.strategies.process_group import Distributed
 
 log = logging.getLogger("thrifty")
@@ -50,8 +51,8 @@ def count_step_flops(
         return None
     from torch.utils.data import DataLoader, default_collate
 
+    from thrifty.data.sources import first_samples
     from thrifty.levers.micro_batch import free_memory, scaled_count
-    from thrifty.levers.sources import first_samples
 
     collate = collate_fn or (data.collate_fn if isinstance(data, DataLoader) else default_collate)
 

@@ -20,7 +20,7 @@ from thrifty.plan.memory import MemoryPlan
 from thrifty.plan.scaling import Scaling
 from thrifty.plan.spot import SpotPlan
 from thrifty.plan.units import fmt_bytes, fmt_count, fmt_dollars, fmt_hours, fmt_pct
-from thrifty.run.directory import json_ready
+from thrifty.records.directory import json_ready
 
 
 def console() -> Console:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from thrifty.config.operations import ADVISOR_BUCKETS
 from thrifty.errors import ConfigError
 from thrifty.plan.units import fmt_pct, require_positive
 
@@ -43,15 +44,6 @@ DEFAULT_RESTART_SECONDS = 600.0
 # e**700 is about 1e304: a larger exponent overflows the expected time out of a float.
 MAX_EXPONENT = 700.0
 
-# AWS Spot Instance Advisor buckets of monthly interruption frequency: (low, high, typical).
-# The typical value is the bucket's midpoint; ">20%" has no upper edge, so 25% is assumed.
-ADVISOR_BUCKETS: dict[str, tuple[float, float | None, float]] = {
-    "<5%": (0.0, 0.05, 0.025),
-    "5-10%": (0.05, 0.10, 0.075),
-    "10-15%": (0.10, 0.15, 0.125),
-    "15-20%": (0.15, 0.20, 0.175),
-    ">20%": (0.20, None, 0.25),
-}
 
 
 def rate_from_advisor(bucket: str) -> float:

@@ -25,25 +25,25 @@ import torch
 from torch import nn
 
 from thrifty.config import TrainConfig
+from thrifty.data.sampling import SHUFFLE
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.levers.early_stopping import EarlyStopping
 from thrifty.levers.precision import LossScaler
-from thrifty.levers.sampling import SHUFFLE
 from thrifty.measure.cost import LostWork
+from thrifty.records.directory import MetricsLog
+from thrifty.records.state import TrainState
 from thrifty.run.config_changes import (
     ResumeChanges,
     check_resume_changes,
     optimizer_settings,
     resume_horizon,
 )
-from thrifty.run.directory import MetricsLog
 from thrifty.run.guard import RunGuard
 from thrifty.run.lock import RunLock
 from thrifty.run.opening import Claimed, claim_run_dir, record_opening
 from thrifty.run.rng import rng_state, seed_everything, set_rng_state
 from thrifty.run.saves import SpotGuard
 from thrifty.run.schedule_state import restore_scheduler, scheduler_kind
-from thrifty.run.state import TrainState
 from thrifty.strategies.base import Strategy, shapes
 from thrifty.strategies.elastic import check_effective_kept
 from thrifty.strategies.process_group import Distributed

@@ -20,6 +20,8 @@ from thrifty.checkpoint import CheckpointInfo
 from thrifty.config import CheckpointConfig, TrainConfig
 from thrifty.errors import RunAlreadyFinished, ThriftyError
 from thrifty.measure.cost import LostWork, lost_work
+from thrifty.measure.loggers import build_loggers, require_packages
+from thrifty.records.directory import MetricsLog, default_run_dir, prepare_run_dir, truncate_metrics
 from thrifty.run.config_changes import (
     Change,
     ResumeChanges,
@@ -29,9 +31,7 @@ from thrifty.run.config_changes import (
     same_config,
     write_run_config,
 )
-from thrifty.run.directory import MetricsLog, default_run_dir, prepare_run_dir, truncate_metrics
 from thrifty.run.lock import RunLock
-from thrifty.run.loggers import build_loggers, require_packages
 from thrifty.run.ownership import check_run_dir, checkpoint_folder, remove_checkpoints
 from thrifty.run.saves import SpotGuard
 

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from thrifty.errors import ConfigError
 
 # The exit code and the signals are the stop signals' own (imported here by their older name).
-from thrifty.run.stop_signals import DEFAULT_SIGNALS, EXIT_PREEMPTED, parse_signals
+from thrifty.records.stop_signals import DEFAULT_SIGNALS, EXIT_PREEMPTED, parse_signals
 
 __all__ = [
     "DEFAULT_SIGNALS",

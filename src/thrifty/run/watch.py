@@ -12,7 +12,7 @@ import torch
 
 from thrifty.config import TrainConfig
 from thrifty.measure.monitor import RunMonitor
-from thrifty.run.budget import Budget
+from thrifty.records.budget import Budget
 from thrifty.run.checkpointer import RunCheckpointer
 from thrifty.run.forecast import cannot_reach
 from thrifty.run.guard import rewind_schedule, scale_learning_rate

@@ -1,6 +1,9 @@
-"""This process's device: `run.device` resolved, and a CUDA device made the current one."""
+"""This process's device: `run.device` resolved, and a CUDA device made the current one; the
+CPUs it may use and the processes beside it on its node."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -36,3 +39,21 @@ def resolve_device(name: str) -> torch.device:
         )
         torch.cuda.set_device(device)
     return device
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def local_world_size() -> int:
+    """The processes of this job on this node: torchrun's LOCAL_WORLD_SIZE, 1 without it."""
+    text = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ConfigError(
+            f"LOCAL_WORLD_SIZE must be a positive integer (the processes on this node), "
+            f"got {text!r}: unset it or launch with torchrun, which sets it"
+        )
+    return int(text)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from thrifty.config import DistributedConfig
 from thrifty.errors import ThriftyError
-from thrifty.run.preemption import EXIT_PREEMPTED
+from thrifty.records.stop_signals import EXIT_PREEMPTED
 
 if TYPE_CHECKING:
     from thrifty.strategies.process_group import Distributed

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thrifty.commands.common import say
+from thrifty.console import say
 from thrifty.errors import ThriftyError
 from thrifty.redact import redact_value
 from thrifty.tuning.space import Space

@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from thrifty.config import CostConfig
 from thrifty.errors import ConfigError, ThriftyError
-from thrifty.measure.cost import CostConfig, CostMeter
+from thrifty.measure.cost import CostMeter
 
 if TYPE_CHECKING:
     from thrifty.config import RunConfig

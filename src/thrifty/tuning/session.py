@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thrifty.commands.common import say
 from thrifty.config import (
     TrainConfig,
     apply_overrides,
@@ -28,9 +27,10 @@ from thrifty.config import (
     parse_duration,
     read_config_file,
 )
+from thrifty.console import say
 from thrifty.errors import ConfigError, ThriftyError
+from thrifty.records.directory import write_json
 from thrifty.redact import redact_value
-from thrifty.run.directory import write_json
 from thrifty.tuning import outdir
 from thrifty.tuning.configs import trial_config, winner_config
 from thrifty.tuning.pricing import Job, Price, price_for

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 
 from thrifty.errors import ThriftyError
-from thrifty.run.preemption import EXIT_PREEMPTED
+from thrifty.records.stop_signals import EXIT_PREEMPTED
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

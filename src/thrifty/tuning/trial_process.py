@@ -2,7 +2,7 @@
 `thrifty train CONFIG ARGS...` where CONFIG comes from the tune, not from a file.
 
 The tune sends the trial's config (the config as given, credentials included) as the tether of
-`thrifty.commands.children`: the process reads it from its stdin, so no credential is written to
+`thrifty.children`: the process reads it from its stdin, so no credential is written to
 disk, and from then on it ends when the tune ends, however the tune ends. Each optimizer step
 it completes writes "." to descriptor FD, a pipe the tune reads, after a "+" once torch and the
 Trainer are imported: how the tune tells a trial that makes no progress (hung) from one the
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 
 def main(argv: Sequence[str]) -> int:
-    from thrifty.commands.children import tethered
+    from thrifty.children import tethered
 
     config = tethered()
     report_progress(int(argv[0]))

@@ -10,7 +10,7 @@ resident set of the trial's main process (VmHWM in /proc/PID/status, read while 
 
 A trial the budget ends is "stopped"; one that was ready to train (torch and the Trainer
 imported: a budget too small ends a trial before) and completed no step by then is "hung". A trial ends with the tune: a signal to the tune ends
-it (`Interrupted`), and so does the tune's death (the tether of `thrifty.commands.children`).
+it (`Interrupted`), and so does the tune's death (the tether of `thrifty.children`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thrifty.commands.children import Child, Children, error_in
+from thrifty.children import Child, Children, error_in
 from thrifty.tuning.space import Setting
 
 POLL_SECONDS = 0.1

@@ -33,13 +33,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from thrifty.children import Children
 from thrifty.commands.chaos.compare import compare_states
 from thrifty.commands.chaos.kills import Kill, plan_kills
 from thrifty.commands.chaos.report import print_report
 from thrifty.commands.chaos.runner import Attempt, run_both
-from thrifty.commands.children import Children
-from thrifty.commands.common import prepare_out, refuse_file
 from thrifty.commands.training import add_set_option
+from thrifty.console import prepare_out, refuse_file
 from thrifty.errors import ThriftyError
 
 __all__ = [
@@ -115,7 +115,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_chaos(args: argparse.Namespace) -> int:
     """The handler: exit 0 when the killed run ends with the reference's bits, else 1."""
     from thrifty.config import dump_toml
-    from thrifty.run.directory import write_json
+    from thrifty.records.directory import write_json
 
     _check_args(args)
     out = Path(args.out) if args.out else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from thrifty.commands.common import dash
+from thrifty.console import dash
 
 if TYPE_CHECKING:
     from rich.console import Console

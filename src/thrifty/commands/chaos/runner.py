@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from thrifty.children import Child, Children
 from thrifty.commands.chaos.compare import compare_runs
 from thrifty.commands.chaos.kills import Kill, plan_kills
 from thrifty.commands.chaos.timing import effective_time
-from thrifty.commands.children import Child, Children
-from thrifty.commands.common import say
+from thrifty.console import say
 from thrifty.errors import ThriftyError
 
 REFERENCE_TIMEOUT = 3600.0
@@ -241,7 +241,7 @@ def _failed(job: Child, code: int) -> str:
 
 
 def _reference(args: argparse.Namespace, out: Path, config: Path, children: Children) -> Reference:
-    from thrifty.run.directory import read_metrics
+    from thrifty.records.directory import read_metrics
 
     ref_dir = out / "reference"
     say("chaos", f"reference run -> {ref_dir}")
@@ -379,7 +379,7 @@ def _report(
 ) -> dict[str, Any]:
     """What chaos.json holds and `--json` prints; `attempt_seconds` are the killed run's
     attempts' wall times."""
-    from thrifty.run.directory import read_metrics
+    from thrifty.records.directory import read_metrics
 
     done = [k for k in kills if k.moment is not None]
     report: dict[str, Any] = {

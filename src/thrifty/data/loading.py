@@ -1,5 +1,5 @@
 """Data loading: a DataLoader with the settings that keep an accelerator fed, over the order and
-seeding of `thrifty.levers.sampling`; and `num_workers = auto`, chosen by measuring batch fetch
+seeding of `thrifty.data.sampling`; and `num_workers = auto`, chosen by measuring batch fetch
 time.
 
 Two things make a run with loader workers stop and resume as exactly as one without:
@@ -14,7 +14,7 @@ Two things make a run with loader workers stop and resume as exactly as one with
   training loop saves its last complete step.
 - Random augmentation. Which worker fetches which batch depends on where the iterator started,
   and each worker's random state on its id. So every batch is fetched with its generators seeded
-  from (seed, epoch, position in the epoch): see `thrifty.levers.sampling`.
+  from (seed, epoch, position in the epoch): see `thrifty.data.sampling`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
 import signal
 import threading
 import time
@@ -34,10 +33,11 @@ from typing import Any, cast
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from thrifty.data.sampling import EpochSampler, SeededSamples, _Keys, draws_no_random_numbers
 from thrifty.errors import ConfigError
-from thrifty.levers.sampling import EpochSampler, SeededSamples, _Keys, draws_no_random_numbers
+from thrifty.strategies.device import available_cpus, local_world_size
 
-log = logging.getLogger("thrifty.levers.data_loading")
+log = logging.getLogger("thrifty.data.loading")
 
 
 # The signals a scheduler stops a job with; the main process turns them into a checkpoint.
@@ -277,22 +277,6 @@ def build_loader(
 # --- num_workers = auto -------------------------------------------------------------------------
 
 
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def local_world_size() -> int:
-    """The processes of this job on this node: torchrun's LOCAL_WORLD_SIZE, 1 without it."""
-    text = os.environ.get("LOCAL_WORLD_SIZE", "1")
-    if not text.strip().isdigit() or int(text) < 1:
-        raise ConfigError(
-            f"LOCAL_WORLD_SIZE must be a positive integer (the processes on this node), "
-            f"got {text!r}: unset it or launch with torchrun, which sets it"
-        )
-    return int(text)
 
 
 def cpus_per_rank() -> int:

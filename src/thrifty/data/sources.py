@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
+from thrifty.data.loading import IgnoreStopSignals, LoaderSettings, check_stop_signals
 from thrifty.errors import ConfigError, ThriftyError
-from thrifty.levers.data_loading import IgnoreStopSignals, LoaderSettings, check_stop_signals
 
 log = logging.getLogger("thrifty")
 
@@ -439,7 +439,7 @@ def loader_builder(
 ) -> Callable[..., DataLoader]:
     """A function building a DataLoader with the run's settings (workers, pinning, prefetch,
     a seeded generator, workers that leave the stop signals to the main process)."""
-    from thrifty.levers.data_loading import _Loader
+    from thrifty.data.loading import _Loader
 
     signals = check_stop_signals(stop_signals)
     workers = settings.num_workers

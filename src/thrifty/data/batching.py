@@ -13,16 +13,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from thrifty.config import BatchConfig, TrainConfig
-from thrifty.errors import ConfigError, ThriftyError
-from thrifty.levers.data_loading import (
+from thrifty.data.loading import (
     LoaderSettings,
     WorkerChoice,
     build_loader,
     choose_num_workers,
     resolve_pin_memory,
 )
-from thrifty.levers.sampling import EpochSampler, SeededSamples, training_rng_kept
-from thrifty.levers.sources import (
+from thrifty.data.sampling import EpochSampler, SeededSamples, training_rng_kept
+from thrifty.data.sources import (
     LoaderSource,
     MapSource,
     OrderSource,
@@ -33,8 +32,9 @@ from thrifty.levers.sources import (
     is_stream,
     loader_builder,
 )
-from thrifty.run.preemption import parse_signals
-from thrifty.run.state import TrainState
+from thrifty.errors import ConfigError, ThriftyError
+from thrifty.records.state import TrainState
+from thrifty.records.stop_signals import parse_signals
 from thrifty.strategies.process_group import Distributed
 
 log = logging.getLogger("thrifty")
@@ -55,7 +55,7 @@ def starting_accumulation(batch: BatchConfig, world: int, micro: int, auto: bool
 
 class TrainBatches:
     """This rank's training data as accumulation windows, pass after pass, in any of the
-    shapes `thrifty.levers.sources` describes; its state goes into every checkpoint."""
+    shapes `thrifty.data.sources` describes; its state goes into every checkpoint."""
 
     def __init__(
         self,

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from thrifty.config import RunConfig
-from thrifty.run.state import TrainState
+from thrifty.records.state import TrainState
+
+if TYPE_CHECKING:
+    from thrifty.config import RunConfig
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ def _safe(record: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 class RecordSink(Protocol):
-    """Where metrics.jsonl's records also go (TensorBoard, MLflow: thrifty.run.loggers). Fed
+    """Where metrics.jsonl's records also go (TensorBoard, MLflow: thrifty.measure.loggers). Fed
     at the metrics flush and at events, never per step; never raises."""
 
     def write(self, records: Sequence[Mapping[str, Any]]) -> None: ...

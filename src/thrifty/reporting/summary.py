@@ -12,8 +12,8 @@ import torch
 
 from thrifty.measure import instruments
 from thrifty.measure.monitor import RunMonitor
-from thrifty.run.directory import write_json
-from thrifty.run.state import FitResult
+from thrifty.records.directory import write_json
+from thrifty.records.state import FitResult
 
 if TYPE_CHECKING:
     from thrifty.trainer import Trainer
