@@ -23,6 +23,7 @@ from torch.utils.data import Dataset, default_collate
 
 from thrifty.config import RunConfig, TrainConfig
 from thrifty.data.batching import TrainBatches, starting_accumulation
+from thrifty.data.sources import is_stream
 from thrifty.errors import ConfigError, DataSourceError, ThriftyError
 from thrifty.inputs import check_inputs
 from thrifty.levers.accumulation import (
@@ -53,14 +54,14 @@ from thrifty.measure.timing import NullTimer, maybe_trace
 from thrifty.records.budget import Budget
 from thrifty.records.state import FitResult, RunClock, TrainState
 from thrifty.records.stop_signals import StopSignals, active_stop_signals
-from thrifty.report import console_for_api, log_setup, show_result
+from thrifty.reporting.end_of_run import console_for_api, log_setup, show_result
 from thrifty.reporting.summary import fit_result, write_outputs
 from thrifty.run.checkpointer import Layout, RunCheckpointer, Stateful
 from thrifty.run.evaluation import validation_loss
 from thrifty.run.guard import RunGuard, guarded_step
 from thrifty.run.rng import seed_everything
 from thrifty.run.watch import RunWatch
-from thrifty.strategies.base import make_strategy
+from thrifty.strategies.choice import make_strategy
 from thrifty.strategies.device import resolve_device
 from thrifty.strategies.process_group import Distributed, check_same_config, init_distributed
 from thrifty.strategies.timeouts import lost_rank_error
@@ -237,6 +238,7 @@ class Trainer:
             per_rank=self.effective_batch // world,  # at most the data's: see measure_micro
             margin=self.config.batch.memory_margin,
             agree=lambda fits: not self.dist.any_of(not fits)[0],
+            stream=is_stream(data),
         )
         self.micro, self.micro_search = search.chosen, search
         self.accumulation = self.config.batch.accumulation_steps(world, self.micro)

@@ -38,7 +38,7 @@ def run_profile(args: argparse.Namespace) -> int:
     from thrifty.config import load_config, parse_set_args
     from thrifty.demo import DEMO_CONFIG
     from thrifty.errors import ThriftyError
-    from thrifty.report import print_diagnosis
+    from thrifty.reporting.end_of_run import print_diagnosis
     from thrifty.run.rng import seed_everything
     from thrifty.task import build_task
 

@@ -161,7 +161,7 @@ def _train(config: Any, stops: StopSignals) -> int:
 
     from thrifty.records.stop_signals import EXIT_PREEMPTED
     from thrifty.redact import install_log_redaction
-    from thrifty.report import show_result
+    from thrifty.reporting.end_of_run import show_result
     from thrifty.run.rng import seed_everything
     from thrifty.strategies.process_group import env_rank
     from thrifty.task import build_task

@@ -262,15 +262,17 @@ def measure_micro(
     per_rank: int,
     margin: float,
     agree: Callable[[bool], bool],
+    stream: bool = False,
 ) -> MicroSearch:
     """`batch.micro = "auto"`: the largest micro-batch whose real step (`call(batch)` gives
     the loss, then backward and the optimizer's step) fits on every rank. The trial steps
-    leave no trace on `model`, `optimizer` or the random streams. A model that does not fit
-    one sample raises ThriftyError saying what would help."""
+    leave no trace on `model`, `optimizer` or the random streams. `stream`: `data` is read by
+    iterating, not indexing. A model that does not fit one sample raises ThriftyError saying
+    what would help."""
     from thrifty.errors import ThriftyError
     from thrifty.levers.accumulation import to_device
 
-    samples = _trial_samples(data, per_rank)
+    samples = _trial_samples(data, per_rank, stream)
     per_rank = min(per_rank, len(samples))
 
     def step(micro: int) -> None:
@@ -288,15 +290,14 @@ def measure_micro(
     return search
 
 
-def _trial_samples(data: Any, per_rank: int) -> Any:
+def _trial_samples(data: Any, per_rank: int, stream: bool) -> Any:
     """What the trial steps are made of: the first samples of a stream, read once from a fresh
     iterator (the training's own is not touched), or the dataset itself, indexed lazily."""
     from itertools import islice
 
-    from thrifty.data.sources import is_stream
     from thrifty.errors import ThriftyError
 
-    if not is_stream(data):
+    if not stream:
         return _Indexed(data, min(per_rank, len(data)))
     samples = list(islice(iter(data), per_rank))
     if not samples:

@@ -117,13 +117,3 @@ class Strategy:
 def shapes(tensors: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     """Each tensor's shape by name (a DTensor's is the global, unsharded one)."""
     return {name: tuple(t.shape) for name, t in tensors.items()}
-
-
-def make_strategy(dist: Distributed) -> Strategy:
-    """The strategy `distributed.strategy` names, for this process's place in the job."""
-    from thrifty.strategies.ddp import DDP
-    from thrifty.strategies.fsdp import FSDP
-    from thrifty.strategies.single import SingleProcess
-
-    kinds: dict[str, type[Strategy]] = {"single": SingleProcess, "ddp": DDP, "fsdp": FSDP}
-    return kinds[dist.strategy](dist)

@@ -6,7 +6,7 @@ its train.log), tune.json (written first, then after every trial, so the finishe
 kept whatever happens next: an unfinished tune is resumed by the same command, see outdir.py)
 and, when a trial finished, winner.toml. Nothing there holds a credential: trial.toml and
 winner.toml are redacted as a run's config.toml is, and the trials receive the config as given
-through a pipe (thrifty.tuning.trial_process).
+through a pipe (thrifty.tune_trial).
 """
 
 from __future__ import annotations

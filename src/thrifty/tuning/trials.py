@@ -1,7 +1,7 @@
 """One trial: `thrifty train` for a few steps in its own process, and what it measured.
 
 A trial runs `thrifty train TRIAL-CONFIG --out DIR/trials/NAME --steps N --set ...` (through
-`thrifty.tuning.trial_process`, which receives the config from the tune, credentials included,
+`thrifty.tune_trial`, which receives the config from the tune, credentials included,
 without a file) with its output in train.log there, redacted, so an out-of-memory error or a
 compile crash ends that trial only. Its figures are the run's own steady-state ones from
 summary.json: the Trainer leaves the warm-up steps (and with torch.compile, the compiling ones)
@@ -35,7 +35,7 @@ from thrifty.tuning.space import Setting
 POLL_SECONDS = 0.1
 # With torch.compile the Trainer leaves the first 3 steps out of its figures (1 without).
 COMPILE_WARMUP_STEPS = 3
-TRIAL_MODULE = "thrifty.tuning.trial_process"
+TRIAL_MODULE = "thrifty.tune_trial"
 READY, STEP = b"+", b"."  # what a trial's process reports: ready to train, a step completed
 _OOM = re.compile(r"out of memory|OutOfMemoryError", re.IGNORECASE)
 _NO_SPACE = re.compile(r"no space left|disk quota exceeded|\[Errno (28|122)\]", re.IGNORECASE)
@@ -367,7 +367,7 @@ class ChildTrials:
 
 
 class StepCount:
-    """The pipe a trial's process reports on (`thrifty.tuning.trial_process`): "+" once it is
+    """The pipe a trial's process reports on (`thrifty.tune_trial`): "+" once it is
     ready to train (torch and the Trainer imported), then "." per optimizer step. `count`:
     the steps read so far; `ready`: when it was ready (time.monotonic seconds), or None."""
 

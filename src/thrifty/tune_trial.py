@@ -1,4 +1,4 @@
-"""A trial's process: `python -m thrifty.tuning.trial_process FD train ARGS...` is
+"""A trial's process: `python -m thrifty.tune_trial FD train ARGS...` is
 `thrifty train CONFIG ARGS...` where CONFIG comes from the tune, not from a file.
 
 The tune sends the trial's config (the config as given, credentials included) as the tether of
