@@ -26,11 +26,13 @@ chromium:
 test: $(STAMP) chromium
 	$(PY) -m ruff check src tests benchmarks examples
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py

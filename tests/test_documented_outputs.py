@@ -432,8 +432,8 @@ def tune_example_prices(lines: list[str]) -> tuple[list[str], str, list[str]]:
     with its $/M tokens and job $ at the catalog's on-demand price, the spot note, and the
     waterfall's lines (spot lever from the catalog's spot price and the spot model)."""
     from thrifty.config import CostConfig
+    from thrifty.console import console
     from thrifty.plan.levers import LeverInputs, LeverPlan, apply_levers
-    from thrifty.plan.report import console
     from thrifty.tuning.pricing import price_for, spot_plan
     from thrifty.tuning.report import waterfall_table
     from thrifty.tuning.waterfall import Waterfall

@@ -1,17 +1,25 @@
-"""What the commands share: the usage exit code, progress lines, and their `--out` folder.
+"""What the commands share: the usage exit code, progress lines, their `--out` folder, and the
+way they print tables and JSON.
 
-Cheap to import: `thrifty --help` loads it with every command.
+Cheap to import: `thrifty --help` loads it with every command (rich is imported when a table
+is made).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thrifty.errors import ThriftyError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table as RichTable
 
 EXIT_USAGE = 2  # bad input: the command printed one line naming the problem and the fix
 
@@ -41,3 +49,39 @@ def prepare_out(out: Path, replace: Iterable[Path] = ()) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ThriftyError(f"cannot create --out {out}: {exc.strerror}") from exc
+
+
+# --- tables and JSON ----------------------------------------------------------------------------
+
+
+def console() -> Console:
+    """Where the commands print their tables."""
+    from rich.console import Console
+
+    # Off a terminal (pipes, files, tests) rich would assume 80 columns; the tables need more.
+    return Console(width=None if Console().is_terminal else 120, highlight=False)
+
+
+def Table(**kwargs: Any) -> RichTable:  # noqa: N802 - stands in for rich's class
+    """A rich table in the commands' style: light rules, title on the left."""
+    from rich import box
+    from rich.table import Table as RichTable
+
+    return RichTable(box=box.SIMPLE_HEAD, title_justify="left", title_style="bold", **kwargs)
+
+
+def json_ready(value: Any) -> Any:
+    """A copy of `value` that JSON can hold: it has no NaN or infinity, so those become null;
+    mappings get string keys and tuples become lists."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value
+
+
+def to_json(data: Any) -> str:
+    """JSON with non-finite floats as null."""
+    return json.dumps(json_ready(data), indent=2)

@@ -10,8 +10,8 @@ import dataclasses
 
 import pytest
 
+from thrifty.commands.plan.case_study import PUBLISHED, case_study
 from thrifty.errors import ConfigError
-from thrifty.plan.case_study import PUBLISHED, case_study
 from thrifty.plan.catalog import Catalog, load_catalog
 from thrifty.plan.units import fmt_dollars
 

@@ -40,16 +40,17 @@ def add_catalog_options(parser: argparse.ArgumentParser) -> None:
 
 def run_prices(args: argparse.Namespace) -> int:
     """List the catalog, or show one entry (`NAME`), as tables or JSON."""
-    from thrifty.plan import report
+    from thrifty.console import console, to_json
+    from thrifty.plan import tables as report
     from thrifty.plan.catalog import load_catalog
 
     catalog = load_catalog(args.catalog)
     if args.name:
         item = catalog.find(args.name)
         if args.json:
-            print(report.to_json(report.item_dict(item)))
+            print(to_json(report.item_dict(item)))
         else:
-            report.console().print(report.detail_table(item))
+            console().print(report.detail_table(item))
         return 0
     instances = [
         i
@@ -64,9 +65,9 @@ def run_prices(args: argparse.Namespace) -> int:
     gpus = [] if args.instances else list(catalog.gpus.values())
     instances = [] if args.gpus else instances
     if args.json:
-        print(report.to_json(report.catalog_dict(catalog, gpus, instances)))
+        print(to_json(report.catalog_dict(catalog, gpus, instances)))
         return 0
-    out = report.console()
+    out = console()
     if gpus:
         out.print(report.gpus_table(gpus))
     if instances:

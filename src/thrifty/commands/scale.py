@@ -290,7 +290,7 @@ def run_scale(
 ) -> int:
     """The handler. `runner` and `bus_meter` replace the child runs and the bandwidth
     measurement (tests)."""
-    from thrifty.plan.report import to_json
+    from thrifty.console import to_json
     from thrifty.records.directory import write_json
 
     plan = make_plan(args)
@@ -454,7 +454,7 @@ def _bus(
 def print_report(report: Mapping[str, Any]) -> None:
     from rich.markup import escape
 
-    from thrifty.plan.report import Table, console
+    from thrifty.console import Table, console
 
     out = console()
     rows = report["counts"]

@@ -77,9 +77,8 @@ def run_tune_command(args: argparse.Namespace) -> int:
     raise the one line that says why (exit code 2). Stopped by SIGTERM or SIGINT: one line,
     exit code 75, and the same command resumes."""
     from thrifty.config import parse_set_args
-    from thrifty.console import say
+    from thrifty.console import say, to_json
     from thrifty.errors import ThriftyError
-    from thrifty.plan.report import to_json
     from thrifty.tuning.report import print_report, result_dict
     from thrifty.tuning.session import make_plan, read_given, run_tune
     from thrifty.tuning.stopping import TuneStopped

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from thrifty.console import json_ready
 from thrifty.errors import ThriftyError
 from thrifty.redact import redact_value
 
@@ -49,16 +49,6 @@ def prepare_run_dir(
     return path
 
 
-def json_ready(value: Any) -> Any:
-    """A copy of `value` that JSON can hold: it has no NaN or infinity, so those become null;
-    mappings get string keys and tuples become lists."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {str(k): json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_ready(v) for v in value]
-    return value
 
 
 def write_json(path: str | os.PathLike[str], data: Mapping[str, Any]) -> None:

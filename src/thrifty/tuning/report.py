@@ -114,7 +114,7 @@ def notes(result: TuneResult) -> list[str]:
 def print_report(result: TuneResult) -> None:
     from rich.markup import escape
 
-    from thrifty.plan.report import console
+    from thrifty.console import console
 
     out = console()
     plan = result.plan
@@ -142,7 +142,7 @@ def print_report(result: TuneResult) -> None:
 
 def trials_table(result: TuneResult) -> Any:
     """One row per trial: its setting as run ("auto" values resolved), then its figures."""
-    from thrifty.plan.report import Table
+    from thrifty.console import Table
 
     unit = result.outcome.unit
     table = Table(title="Trials (* the winner)", pad_edge=False)
@@ -184,7 +184,7 @@ def _figure_cells(result: TuneResult, t: Trial) -> list[str]:
 
 
 def waterfall_table(w: Waterfall) -> Any:
-    from thrifty.plan.report import levers_table
+    from thrifty.plan.tables import levers_table
 
     money = fmt_usd if w.unit == "USD" else _duration
     title = "From the baseline to the winner, lever by lever"

@@ -334,8 +334,8 @@ def _chinchilla_section(args: argparse.Namespace, catalog: Catalog, sections: Se
 
 
 def _case_study(args: argparse.Namespace, catalog: Catalog) -> int:
-    from thrifty.plan import report
-    from thrifty.plan.case_study import DEFAULT_INSTANCE, case_study
+    from thrifty.commands.plan.case_study import DEFAULT_INSTANCE, case_study, print_case_study
+    from thrifty.console import console, to_json
     from thrifty.plan.levers import plot_waterfall
 
     study = case_study(args.instance or DEFAULT_INSTANCE, catalog=catalog)
@@ -344,14 +344,15 @@ def _case_study(args: argparse.Namespace, catalog: Catalog) -> int:
             study.catalog_levers, args.plot, title=f"Case study at {study.instance} prices"
         )
     if args.json:
-        print(report.to_json(study.as_dict()))
+        print(to_json(study.as_dict()))
     else:
-        report.print_case_study(report.console(), study)
+        print_case_study(console(), study)
     return 0
 
 
 def _print(args: argparse.Namespace, sections: Sections) -> None:
-    from thrifty.plan import report
+    from thrifty.console import console, to_json
+    from thrifty.plan import tables as report
 
     if args.json:
         data: dict[str, Any] = {}
@@ -361,9 +362,9 @@ def _print(args: argparse.Namespace, sections: Sections) -> None:
                 data[key] = {**chosen.as_dict(), "other_fits": [o.as_dict() for o in others]}
             else:
                 data[key] = result.as_dict()
-        print(report.to_json(data))
+        print(to_json(data))
         return
-    out = report.console()
+    out = console()
     render: dict[str, Callable[[Any], Any]] = {
         "estimate": report.estimate_table,
         "memory": report.memory_table,

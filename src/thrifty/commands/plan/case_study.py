@@ -14,9 +14,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from rich.console import Console
+from rich.markup import escape
+
+from thrifty.console import Table
 from thrifty.errors import ConfigError
 from thrifty.plan.catalog import Catalog, Instance, load_catalog
 from thrifty.plan.levers import LeverInputs, LeverPlan, apply_levers
+from thrifty.plan.tables import levers_table, print_assumptions
 from thrifty.plan.units import fmt_dollars, fmt_pct
 
 DEFAULT_INSTANCE = "p4d.24xlarge@v7"
@@ -420,3 +425,44 @@ def _pct_check(claim: str, published: float, recomputed: float) -> Check:
     return _check(
         claim, f"{published:.0%}", fmt_pct(recomputed), abs(published - recomputed) < 0.01
     )
+
+
+# --- as printed ----------------------------------------------------------------------------------
+
+
+def print_case_study(out: Console, study: CaseStudy) -> None:
+    """The case study per year (the period its yearly figures fix), then each published claim."""
+    cat, art = study.catalog_levers, study.article_levers
+    period = cat.period
+    out.print(
+        "[bold]The '$50K -> $18K' case study[/bold]: 8 A100 x 72 h per run, 2 runs a month "
+        "(24 a year), on-demand -> spot, BF16 72 -> 48 h, larger batch 48 -> 40 h, early "
+        "stopping of 4 of the 24 yearly runs at 60%.\n"
+        f"Recomputed at {escape(study.instance)}: {fmt_dollars(cat.baseline)} -> "
+        f"{fmt_dollars(cat.final)} per {period} (-{fmt_pct(cat.saving_pct)}); at the article's "
+        f"own prices {fmt_dollars(art.baseline)} -> {fmt_dollars(art.final)} per {period} "
+        f"(-{fmt_pct(art.saving_pct)}); the article prints {_published_change('annual')} per "
+        f"year and, in its table, {_published_change('monthly')} per month.\n",
+        soft_wrap=True,
+    )
+    out.print(levers_table(cat, f"Recomputed at the catalog price ({study.instance})"))
+    out.print(levers_table(art, "Recomputed at the article's own implied prices"))
+    table = Table(title="Published figures, line by line")
+    for column in ("claim", "published", "recomputed", "verdict"):
+        table.add_column(column)
+    for c in study.checks:
+        verdict = "agrees" if c.agrees else "[bold red]DISAGREES[/]"
+        table.add_row(escape(c.claim), escape(c.published), escape(c.recomputed), verdict)
+    out.print(table)
+    out.print(f"[bold]{len(study.disagreements)} disagreements:[/bold]")
+    for line in study.disagreements:
+        out.print(f"- {escape(line)}", soft_wrap=True)
+    out.print()
+    print_assumptions(out, study.assumptions)
+
+
+def _published_change(period: str) -> str:
+    """The article's own before -> after for `period` ('annual' or 'monthly'), e.g. for the
+    case study's headline: '$905,952 -> $436,800 (-51.8%)'."""
+    before, after = PUBLISHED[f"{period}_before"], PUBLISHED[f"{period}_after"]
+    return f"{fmt_dollars(before)} -> {fmt_dollars(after)} (-{fmt_pct(1 - after / before)})"

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table as _RichTable
 
-from thrifty.plan.case_study import PUBLISHED, CaseStudy
+from thrifty.console import Table
 from thrifty.plan.catalog import GPU, Catalog, Instance
 from thrifty.plan.chinchilla import Allocation
 from thrifty.plan.estimate import Estimate
@@ -20,22 +18,6 @@ from thrifty.plan.memory import MemoryPlan
 from thrifty.plan.scaling import Scaling
 from thrifty.plan.spot import SpotPlan
 from thrifty.plan.units import fmt_bytes, fmt_count, fmt_dollars, fmt_hours, fmt_pct
-from thrifty.records.directory import json_ready
-
-
-def console() -> Console:
-    # Off a terminal (pipes, files, tests) rich would assume 80 columns; the tables need more.
-    return Console(width=None if Console().is_terminal else 120, highlight=False)
-
-
-def Table(**kwargs: Any) -> _RichTable:  # noqa: N802 - stands in for rich's class
-    """A rich table in the planner's style: light rules, title on the left."""
-    return _RichTable(box=box.SIMPLE_HEAD, title_justify="left", title_style="bold", **kwargs)
-
-
-def to_json(data: Any) -> str:
-    """JSON with non-finite floats as null."""
-    return json.dumps(json_ready(data), indent=2)
 
 
 def _kv(title: str, rows: Iterable[tuple[str, str]]) -> _RichTable:
@@ -256,42 +238,6 @@ def levers_table(
     return table
 
 
-def print_case_study(out: Console, study: CaseStudy) -> None:
-    """The case study per year (the period its yearly figures fix), then each published claim."""
-    cat, art = study.catalog_levers, study.article_levers
-    period = cat.period
-    out.print(
-        "[bold]The '$50K -> $18K' case study[/bold]: 8 A100 x 72 h per run, 2 runs a month "
-        "(24 a year), on-demand -> spot, BF16 72 -> 48 h, larger batch 48 -> 40 h, early "
-        "stopping of 4 of the 24 yearly runs at 60%.\n"
-        f"Recomputed at {escape(study.instance)}: {fmt_dollars(cat.baseline)} -> "
-        f"{fmt_dollars(cat.final)} per {period} (-{fmt_pct(cat.saving_pct)}); at the article's "
-        f"own prices {fmt_dollars(art.baseline)} -> {fmt_dollars(art.final)} per {period} "
-        f"(-{fmt_pct(art.saving_pct)}); the article prints {_published_change('annual')} per "
-        f"year and, in its table, {_published_change('monthly')} per month.\n",
-        soft_wrap=True,
-    )
-    out.print(levers_table(cat, f"Recomputed at the catalog price ({study.instance})"))
-    out.print(levers_table(art, "Recomputed at the article's own implied prices"))
-    table = Table(title="Published figures, line by line")
-    for column in ("claim", "published", "recomputed", "verdict"):
-        table.add_column(column)
-    for c in study.checks:
-        verdict = "agrees" if c.agrees else "[bold red]DISAGREES[/]"
-        table.add_row(escape(c.claim), escape(c.published), escape(c.recomputed), verdict)
-    out.print(table)
-    out.print(f"[bold]{len(study.disagreements)} disagreements:[/bold]")
-    for line in study.disagreements:
-        out.print(f"- {escape(line)}", soft_wrap=True)
-    out.print()
-    print_assumptions(out, study.assumptions)
-
-
-def _published_change(period: str) -> str:
-    """The article's own before -> after for `period` ('annual' or 'monthly'), e.g. for the
-    case study's headline: '$905,952 -> $436,800 (-51.8%)'."""
-    before, after = PUBLISHED[f"{period}_before"], PUBLISHED[f"{period}_after"]
-    return f"{fmt_dollars(before)} -> {fmt_dollars(after)} (-{fmt_pct(1 - after / before)})"
 
 
 def gpus_table(gpus: Iterable[GPU]) -> _RichTable:
