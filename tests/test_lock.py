@@ -28,6 +28,7 @@ from lock_holders import (
 )
 from thrifty.checkpoint.storage import open_storage
 from thrifty.errors import ThriftyError
+from thrifty.run.lease import Lease
 from thrifty.run.lock import LEASE_FILE, LOCK_FILE, Holder, RunInUseError, RunLock
 
 
@@ -246,13 +247,13 @@ def test_the_lease_is_renewed_by_a_background_thread_while_the_run_lives(
     tmp_path, memory_location, monkeypatch
 ):
     renewed_on: list[threading.Thread] = []
-    renew = lock._Lease.renew
+    renew = Lease.renew
 
     def recorded(self) -> None:
         renewed_on.append(threading.current_thread())
         renew(self)
 
-    monkeypatch.setattr(lock._Lease, "renew", recorded)
+    monkeypatch.setattr(Lease, "renew", recorded)
     with RunLock(tmp_path / "a", memory_location, ttl_seconds=1.0, settle_seconds=0.05):
         first = lease_of(memory_location).expires
         # This thread only waits (a training step never calls into the lock), yet it is renewed.

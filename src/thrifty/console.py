@@ -1,5 +1,5 @@
-"""What the commands share: the usage exit code, progress lines, their `--out` folder, and the
-way they print tables and JSON.
+"""What the commands share: the usage exit code, progress lines, their `--out`, `--overwrite` and
+`--json` options, their `--out` folder, and the way they print tables and JSON.
 
 Cheap to import: `thrifty --help` loads it with every command (rich is imported when a table
 is made).
@@ -18,10 +18,13 @@ from typing import TYPE_CHECKING, Any
 from thrifty.errors import ThriftyError
 
 if TYPE_CHECKING:
+    import argparse
+
     from rich.console import Console
     from rich.table import Table as RichTable
 
 EXIT_USAGE = 2  # bad input: the command printed one line naming the problem and the fix
+JSON_HELP = "print the report as JSON"
 
 
 def say(command: str, message: str) -> None:
@@ -32,6 +35,26 @@ def say(command: str, message: str) -> None:
 def dash(value: Any) -> str:
     """A table cell: `-` for a value that is missing."""
     return "-" if value is None else str(value)
+
+
+def add_output_options(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *,
+    out: str | None = None,
+    out_metavar: str = "DIR",
+    overwrite: str | None = None,
+    json: bool | str = False,
+) -> None:
+    """Add the output options a command takes, in this order, each with that command's help:
+    `--out` (a folder, or with `out_metavar="FILE"` one file; `out` says what goes there and the
+    default), `--overwrite` (`overwrite` says what it may replace) and `--json` (True: "print
+    the report as JSON", or the help to give). An option left at None or False is not added."""
+    if out is not None:
+        parser.add_argument("--out", metavar=out_metavar, help=out)
+    if overwrite is not None:
+        parser.add_argument("--overwrite", action="store_true", help=overwrite)
+    if json:
+        parser.add_argument("--json", action="store_true", help=JSON_HELP if json is True else json)
 
 
 def refuse_file(out: Path) -> None:

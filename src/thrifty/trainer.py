@@ -1,16 +1,15 @@
 """The Trainer: one training loop that applies every cost lever from one config.
 
 A Trainer is built whole in `__init__`: device, precision, strategy, optimizer, schedule, data,
-the run checkpointer. `fit()` opens the run (resuming it if a checkpoint exists) and loops; each
-step (`_train_step`) calls the levers it uses, it does not branch on them, and the step
-boundary (`_boundary`) asks the budget, the evaluation, the preemption watch, the guard and the
-checkpointer whether to go on. `close()` (or `with Trainer(...) as trainer:`) leaves the
+the run checkpointer. `fit()` opens the run (resuming it if a checkpoint exists) and loops over
+the windows: each step (`thrifty.run.step`) calls the levers it uses, it does not branch on
+them, and the step boundary (`thrifty.run.boundary`) asks the budget, the evaluation, the
+preemption watch, the guard and the checkpointer whether to go on. `close()` (or `with Trainer(...) as trainer:`) leaves the
 process group.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable
@@ -26,40 +25,29 @@ from thrifty.data.batching import TrainBatches, starting_accumulation
 from thrifty.data.sources import is_stream
 from thrifty.errors import ConfigError, DataSourceError, ThriftyError
 from thrifty.inputs import check_inputs
-from thrifty.levers.accumulation import (
-    LossFn,
-    call_model,
-    loss_weights,
-    to_device,
-    uses_tokens,
-    window_counts,
-)
+from thrifty.levers.accumulation import LossFn, call_model, uses_tokens, window_counts
 from thrifty.levers.activation_checkpointing import apply_activation_checkpointing
 from thrifty.levers.compile import compile_model
 from thrifty.levers.early_stopping import EarlyStopping
-from thrifty.levers.micro_batch import (
-    Halving,
-    MicroSearch,
-    first_sample,
-    is_out_of_memory,
-    measure_micro,
-    scaled_count,
-)
+from thrifty.levers.micro_batch import Halving, MicroSearch, measure_micro, scaled_count
 from thrifty.levers.optimizer import OptimizerArg, make_optimizer
 from thrifty.levers.precision import LossScaler, Precision, resolve_precision
 from thrifty.levers.user_scheduler import SchedulerArg, run_scheduler
 from thrifty.measure import instruments
 from thrifty.measure.monitor import RunMonitor
-from thrifty.measure.timing import NullTimer, maybe_trace
+from thrifty.measure.timing import maybe_trace
 from thrifty.records.budget import Budget
 from thrifty.records.state import FitResult, RunClock, TrainState
-from thrifty.records.stop_signals import StopSignals, active_stop_signals
+from thrifty.records.stop import StopReason
+from thrifty.records.stop_signals import active_stop_signals
 from thrifty.reporting.end_of_run import console_for_api, log_setup, show_result
-from thrifty.reporting.summary import fit_result, write_outputs
-from thrifty.run.checkpointer import Layout, RunCheckpointer, Stateful
+from thrifty.reporting.summary import RunFacts, fit_result, write_outputs
+from thrifty.run.boundary import StepBoundary
+from thrifty.run.checkpointer import Layout, RunCheckpointer, RunParts
 from thrifty.run.evaluation import validation_loss
-from thrifty.run.guard import RunGuard, guarded_step
+from thrifty.run.guard import RunGuard
 from thrifty.run.rng import seed_everything
+from thrifty.run.step import TrainStep
 from thrifty.run.watch import RunWatch
 from thrifty.strategies.choice import make_strategy
 from thrifty.strategies.device import resolve_device
@@ -178,7 +166,6 @@ class Trainer:
         )
         if auto:
             self._find_micro(wrapped, train_data, collate_fn)
-        self.halving = Halving(self.micro, self.device)  # out-of-memory errors survived
         self.batches = TrainBatches(
             train_data,
             cfg,
@@ -191,13 +178,12 @@ class Trainer:
             **self._order,
         )
         self.forward_model = compile_model(wrapped, cfg.compile.mode)
-        self._params = [p for p in self.model.parameters() if p.requires_grad]
         self.state = TrainState()
         self.budget = Budget.of(cfg.run, self.batches.steps_per_epoch)
         scheduler, horizon, make_scheduler = run_scheduler(
             scheduler, self.optimizer, cfg, self.budget.epoch_steps, self.effective_batch
         )
-        parts = Stateful(
+        parts = RunParts(
             self.model,
             self.optimizer,
             scheduler,
@@ -214,6 +200,28 @@ class Trainer:
         )
         self.watch = RunWatch(cfg, dist, self.checkpointer, self.budget)
         self.parts = parts
+        self.halving = Halving(self.micro, self.device)  # out-of-memory errors survived
+        self.train_step = TrainStep(
+            cfg,
+            dist,
+            self.strategy,
+            self.precision,
+            self.device,
+            parts,
+            forward_model=self.forward_model,
+            loss_fn=self.loss_fn,
+            halving=self.halving,
+            log_event=self.watch.log_event,
+        )
+        self.boundary = StepBoundary(
+            cfg,
+            self.state,
+            self.budget,
+            self.watch,
+            self.checkpointer,
+            lambda: self.evaluate(),  # looked up when called: a subclass's, a patched one
+            validates=self.val_data is not None,
+        )
         log_setup(
             self.dist, self.precision, self.checkpointed_blocks, self.micro, self.accumulation
         )
@@ -330,7 +338,9 @@ class Trainer:
         s = self.state
         try:
             stops.check(self._agreed)  # the checkpoint is loaded: still nothing to save
-            reason, windows = self._before_loop(stops)
+            finished = self.boundary.before_loop(stops)
+            windows = self.batches.windows(s, self.dist) if finished is None else iter(())
+            reason = StopReason.decide(finished, StopReason.DATA_EXHAUSTED)
             clock = RunClock(s.seconds)
             self.checkpointer.start()  # from here a stop signal saves a checkpoint
             stops.check(self._agreed)  # one that came before the watcher took over
@@ -348,15 +358,17 @@ class Trainer:
                         break
                     clock.step_start = time.perf_counter()
                     monitor.timer.start()
-            reason = self.watch.flush(monitor) or reason
+            reason = StopReason.decide(self.watch.flush(monitor), reason)
             if self.batches.error is not None:
                 # The data raised (a worker lost to the group's SIGTERM, a source gone): every
                 # finished step is saved, and a stop that was asked for is a preemption (its
                 # save an emergency one; a source gone is no preemption, nor another rank's).
                 self.checkpointer.save(emergency=self.checkpointer.preempted)
-                reason = "preempted" if self.checkpointer.preempted else "data_error"
+                reason = (
+                    StopReason.PREEMPTED if self.checkpointer.preempted else StopReason.DATA_ERROR
+                )
             # A diverged run keeps its last good checkpoint as the newest.
-            final = reason not in ("preempted", "diverged", "data_error")
+            final = reason.saves_final
             if final and self.config.checkpoint.final:
                 self.checkpointer.save(final=True)
             self.dist.timeouts.end(self.dist.rank)  # rank 0 uploads while the others wait
@@ -368,38 +380,50 @@ class Trainer:
         finally:
             monitor.close()
             self.batches.close()
-        result = fit_result(self, reason, monitor, time.perf_counter() - wall_start)
+        facts = self._facts(reason, monitor)
+        result = fit_result(facts, reason, monitor, time.perf_counter() - wall_start)
         if self.dist.is_main:
-            self.diagnosis = write_outputs(self, result, monitor)
-        if reason == "data_error":
+            self.diagnosis = write_outputs(facts, result, monitor)
+        if reason is StopReason.DATA_ERROR:
             raise DataSourceError(
                 f"the training data raised {self.batches.error} after step {s.step}, which is "
                 "saved: fix the source and run the same command to resume there"
             )
         return result
 
+    def _facts(self, reason: StopReason, monitor: RunMonitor) -> RunFacts:
+        """What reporting needs of this run, as it ended with `reason`."""
+        early, guard = self.parts.early_stopping, self.parts.guard
+        return RunFacts(
+            config=self.config,
+            device=self.device,
+            precision=self.precision,
+            progress=self.state,
+            strategy=self.strategy.name,
+            world_size=self.dist.world_size,
+            parameters=sum(p.numel() for p in self.model.parameters() if p.requires_grad),
+            checkpointed_blocks=self.checkpointed_blocks,
+            flops=self.flops,
+            micro=self.micro,
+            micro_now=self.micro_now,
+            micro_search=self.micro_search.to_dict() if self.micro_search else None,
+            accumulation=self.accumulation,
+            effective_batch=self.effective_batch,
+            num_workers=self.batches.num_workers,
+            worker_choice=self.batches.worker_choice,
+            best_val_loss=early.best if early.history else None,
+            guard=guard.summary(),
+            guard_saved=self.watch.saved(reason, monitor),
+            run_dir=self.run_dir,
+            checkpoint=self.checkpoint_status,
+            metrics=self.checkpointer.metrics,
+        )
+
     def _agreed(self, flag: bool) -> bool:
         """Whether any rank raised `flag` (a collective: every rank asks at the same point)."""
         return self.dist.any_of(flag)[0]
 
-    def _before_loop(self, stops: StopSignals) -> tuple[str, Any]:
-        """The evaluations before the first step, which a stop signal ends at once: the initial
-        one, or one a preemption put off (it comes first, as it would have). Returns the stop
-        reason if the loop ends without a step, and the windows to train on: none when the run
-        was preempted at its last step, its budget spent."""
-        s = self.state
-        with stops.interruptible():
-            if s.step == 0:
-                s.initial_val_loss = s.val_loss = self.evaluate()
-            pending = self.evaluate() if s.eval_pending else None
-        finished = self.budget.exceeded(s.step, s.tokens, s.seconds)
-        if s.eval_pending:
-            stop = self.watch.evaluated(pending)  # always recorded: `or` would skip it
-            finished = finished or stop
-        windows = self.batches.windows(s, self.dist) if finished is None else iter(())
-        return finished or "data_exhausted", windows
-
-    def _step(self, window: list[Any], monitor: RunMonitor, clock: RunClock) -> str | None:
+    def _step(self, window: list[Any], monitor: RunMonitor, clock: RunClock) -> StopReason | None:
         """One optimizer step on `window` and its boundary; the stop reason, or None."""
         cfg, s, timer = self.config, self.state, monitor.timer
         timer.mark("data_wait")
@@ -418,7 +442,7 @@ class Trainer:
             due = self.checkpointer.due(s.step + 1)
             return [samples, tokens, self.checkpointer.preempted, out_of_time, due]
 
-        loss, grad_norm, skipped, heard = self._train_step(
+        loss, grad_norm, skipped, heard = self.train_step.run(
             window, counts, timer, totals, say if self.dist.enabled else None
         )
         seconds = clock.seconds()
@@ -429,7 +453,7 @@ class Trainer:
             preempted, time_up, due = (n > 0 for n in heard[2:])
         s.advance(samples, tokens, seconds, self.accumulation)
         self.dist.timeouts.step_done(s.step)
-        reason = self._boundary(preempted, time_up, due, loss, skipped, monitor, clock)
+        reason = self.boundary.after_step(preempted, time_up, due, loss, skipped, monitor, clock)
         monitor.add(
             {
                 "step": s.step,
@@ -446,160 +470,7 @@ class Trainer:
             timer.finish(),
         )
         if len(monitor.pending) >= cfg.run.log_every or reason is not None:
-            reason = self.watch.flush(monitor) or reason
-        return reason
-
-    def _train_step(
-        self,
-        window: list[Any],
-        counts: tuple[list[int], list[int]],
-        timer: NullTimer,
-        totals: list[int] | None = None,
-        say: Callable[[], list[int]] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | bool | None, list[int] | None]:
-        """One optimizer step over an accumulation window; returns (loss, grad norm, skipped) as
-        tensors on the device — reading them would force a host sync, so the caller batches
-        that — and what the ranks agreed on. `skipped` (None with the guard off) is True where
-        a non-finite loss or gradient left the step out.
-        `counts` are the window's samples and tokens per micro-batch, counted on the host;
-        `totals` the samples and tokens of the window over all ranks (None: one process);
-        `say()` this rank's boundary word, summed over the ranks (None: one process)."""
-        p, strategy = self.parts, self.strategy
-        if self.halving.times:  # the micro-batch an earlier out-of-memory error left
-            window = self.halving.apply(window)
-            counts = window_counts(window)
-        while True:
-            try:
-                window_loss, heard = self._accumulate(window, counts, timer, totals, say)
-                break
-            except torch.OutOfMemoryError as exc:
-                error = str(exc)
-            # Outside the handler, whose frames held the failed attempt's tensors.
-            window = self.halving.halve(window, error, self.optimizer)
-            self.watch.log_event(event="out_of_memory", micro_batch=self.halving.now)
-            counts = window_counts(window)
-        # The true gradients' norm, recorded at every step (clipping or not): it is the first
-        # sign of a run going wrong. Unscaled first, so neither clipping nor the record sees
-        # the loss scale.
-        p.scaler.unscale_(self.optimizer)
-        grad_norm = strategy.clip_norm(self._params, self.config.optimizer.grad_clip)
-        skipped = guarded_step(
-            self.optimizer,
-            p.scaler,
-            window_loss,
-            grad_norm,
-            enabled=self.config.guard.enabled,
-            local_loss=not self.dist.enabled,
-        )
-        p.scheduler.step()  # set back at the next flush for a skipped step
-        self.optimizer.zero_grad(set_to_none=True)
-        timer.mark("optimizer")
-        return (
-            window_loss,
-            grad_norm,
-            skipped,
-            heard,
-        )  # the loss is this rank's: averaged when logged
-
-    def _accumulate(
-        self,
-        window: list[Any],
-        counts: tuple[list[int], list[int]],
-        timer: NullTimer,
-        totals: list[int] | None,
-        say: Callable[[], list[int]] | None,
-    ) -> tuple[torch.Tensor, list[int] | None]:
-        """Forward and backward over the window's micro-batches, each weighted by its share;
-        the window's mean loss (fp32, on the device), and `say()` summed over the ranks. Raises
-        OutOfMemoryError when any rank ran out of memory: a rank that did takes part in the
-        others' gradient synchronization first, so every rank replays the window together and
-        none waits in a collective. The verdict rides on the step's one host-side agreement."""
-        weights = loss_weights(
-            window, self.config.batch.normalize, counts, totals, self.dist.world_size
-        )
-        window_loss: torch.Tensor | None = None
-        failed: str | None = None
-        last = len(window) - 1
-        for i, (batch, weight) in enumerate(zip(window, weights, strict=True)):
-            if failed is None:
-                try:
-                    share = self._micro_step(batch, weight, i == last, timer)
-                except RuntimeError as exc:  # a device's OutOfMemoryError, or the CPU's
-                    if not is_out_of_memory(exc):
-                        raise
-                    failed = str(exc)
-                else:
-                    window_loss = share if window_loss is None else window_loss + share
-                    continue
-            if i == last:  # out of the handler: the failed attempt's tensors are freed
-                one = first_sample(batch)
-                self.strategy.join_sync(
-                    functools.partial(self._micro_step, one, 0.0, True, NullTimer())
-                )
-        heard = None
-        if say is not None:
-            verdict, *heard = self.dist.sum_ints([int(failed is not None), *say()])
-            if verdict:
-                failed = failed or "out of memory on another rank"
-        if failed is not None:
-            raise torch.OutOfMemoryError(failed)
-        assert window_loss is not None  # a window holds at least one micro-batch
-        return window_loss, heard
-
-    def _micro_step(self, batch: Any, weight: Any, sync: bool, timer: NullTimer) -> torch.Tensor:
-        """One micro-batch's forward and backward, its loss weighted by `weight`; returns the
-        weighted loss (fp32, detached), the record's share."""
-        batch = to_device(batch, self.device, self.device.type == "cuda")
-        timer.mark("host_to_device")
-        with self.strategy.grad_sync(sync):  # gradients cross ranks once per window
-            with self.precision.autocast():
-                loss = call_model(self.forward_model, batch, self.loss_fn)
-            timer.mark("forward")
-            weighted = loss * weight
-            self.parts.scaler.scale(weighted).backward()
-        timer.mark("backward")
-        # A low-precision loss is weighted in fp32 for the record.
-        return weighted.detach() if loss.dtype == torch.float32 else loss.detach().float() * weight
-
-    def _boundary(
-        self,
-        preempted: bool,
-        time_up: bool,
-        due: bool,
-        loss: torch.Tensor,
-        skipped: torch.Tensor | bool | None,
-        monitor: RunMonitor,
-        clock: RunClock,
-    ) -> str | None:
-        """After a step, with every rank's say agreed on: the budget, the preemption notice,
-        the evaluation, the guard and the save interval. Returns the stop reason, or None."""
-        cfg, s = self.config, self.state
-        reason = self.budget.exceeded(s.step, s.tokens, s.seconds)
-        if time_up and reason is None:  # another rank's clock ran out first
-            reason = "max_time"
-        # A preemption notice leaves 30 s (GCP, Azure) to 2 min (AWS): the emergency
-        # checkpoint comes first, before any evaluation due at this step.
-        eval_due = self.val_data is not None and (
-            s.step % cfg.eval.every == 0 or reason is not None
-        )
-        if preempted:
-            reason = "preempted"
-            s.eval_pending = eval_due  # done first thing on resume
-        elif eval_due:
-            monitor.pause()  # evaluation is not training: left out of the interval
-            eval_start = time.perf_counter()
-            stop = self.watch.evaluated(self.evaluate())  # always evaluated: `or` would skip it
-            reason = reason or stop
-            monitor.resume()
-            clock.step_start += time.perf_counter() - eval_start  # evaluation is not step time
-        if preempted or (due and reason is None):
-            # The guard sees every step before a save: none is written while a loss spike
-            # builds, or from a run that diverged.
-            reason = self.watch.flush(monitor, self.watch.current(loss, skipped)) or reason
-            if preempted or not (self.watch.suspect or reason == "diverged"):
-                if preempted and self.checkpointer.saves is not None:
-                    self.checkpointer.saves.emergency_begins(s.step)  # for a Ctrl-C meanwhile
-                monitor.timer.add("checkpoint", self.checkpointer.save(emergency=preempted))
+            reason = StopReason.decide(self.watch.flush(monitor), reason)
         return reason
 
     def evaluate(self) -> float | None:

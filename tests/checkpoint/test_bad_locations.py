@@ -11,8 +11,8 @@ import pytest
 
 from checkpoint.s3_server import BUCKET, options
 from thrifty.checkpoint import CheckpointError, CheckpointManager
-from thrifty.config import CheckpointConfig, SpotConfig
-from thrifty.run.saves import SpotGuard
+from thrifty.config import CheckpointConfig
+from thrifty.run.saves import make_manager
 
 MiB = 1 << 20
 
@@ -137,25 +137,24 @@ def test_the_guard_probes_a_missing_bucket_before_any_step(s3, tmp_path):
         local_dir=str(tmp_path / "staging"),
         storage_options=options(s3.endpoint),
     )
-    guard = SpotGuard(config, SpotConfig(provider="none"), tmp_path / "run")
+    store = make_manager(config, tmp_path / "run")
     with pytest.raises(CheckpointError) as excinfo:
-        guard.probe()
+        store.probe()
     message = str(excinfo.value)
     assert "\n" not in message and message.startswith("s3://no-such-bucket/run/")
     assert "does not exist" in message and "create the bucket" in message
-    SpotGuard(
+    make_manager(
         CheckpointConfig(
             location=f"s3://{BUCKET}/probed",
             local_dir=str(tmp_path / "staging"),
             storage_options=options(s3.endpoint),
         ),
-        SpotConfig(provider="none"),
         tmp_path / "run",
     ).probe()
 
 
 def test_thrifty_train_fails_on_a_bad_location_before_step_1(tmp_path, capsys):
-    """Passes once the Trainer probes the location right after building its SpotGuard."""
+    """Passes once the Trainer probes the location right after building its checkpoint store."""
     from thrifty.cli import main
 
     taken = tmp_path / "taken"

@@ -11,8 +11,8 @@ import fsspec
 import pytest
 
 from thrifty.checkpoint import CheckpointManager, NoValidCheckpointError
-from thrifty.config import CheckpointConfig, SpotConfig
-from thrifty.run.saves import SpotGuard
+from thrifty.config import CheckpointConfig
+from thrifty.run.saves import make_manager, resume_point
 
 
 def fingerprint(folder: Path) -> dict[str, str]:
@@ -87,13 +87,11 @@ def test_resume_never_counts_damaged_checkpoints_as_checkpoints(tmp_path, make_s
     with CheckpointManager(str(checkpoints)) as manager:
         manager.save(3, make_state(3))
     (checkpoints / "step-00000003" / "manifest.json").write_text("garbled")
-    guard = SpotGuard(
-        CheckpointConfig(resume="never"), SpotConfig(provider="none"), tmp_path / "run"
-    )
-    assert guard.has_checkpoints()  # so a fresh start there is refused, not written over
-    auto = SpotGuard(CheckpointConfig(), SpotConfig(provider="none"), tmp_path / "run")
+    store = make_manager(CheckpointConfig(resume="never"), tmp_path / "run")
+    assert store.has_checkpoints()  # so a fresh start there is refused, not written over
+    auto = CheckpointConfig()
     with pytest.raises(NoValidCheckpointError, match="step-00000003/manifest.json is not a valid"):
-        auto.resume_point()
+        resume_point(auto, make_manager(auto, tmp_path / "run"))
 
 
 JOB = """

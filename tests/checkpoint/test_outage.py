@@ -16,8 +16,8 @@ import pytest
 from checkpoint.s3_server import BUCKET, options
 from thrifty.checkpoint import CheckpointManager
 from thrifty.checkpoint.storage import FsspecStorage
-from thrifty.config import CheckpointConfig, SpotConfig
-from thrifty.run.saves import SpotGuard
+from thrifty.config import CheckpointConfig
+from thrifty.run.saves import finish_uploads, make_manager
 
 pytest.importorskip("s3fs")
 
@@ -134,15 +134,15 @@ def test_the_end_of_a_run_waits_only_the_upload_deadline_and_says_the_checkpoint
         upload_deadline="1s",
         storage_options=options(s3.endpoint),
     )
-    guard = SpotGuard(config, SpotConfig(provider="none"), tmp_path / "run")
+    manager = make_manager(config, tmp_path / "run")
     s3.stop()
     try:
-        guard.save_final(12, make_state(12), None)
+        manager.save(12, make_state(12), metric=None)
         with caplog.at_level(logging.WARNING, logger="thrifty"):
-            guard.finish()
+            finish_uploads(manager, config)
     finally:
         s3.start()
-    status = guard.upload_status()
+    status = manager.upload_status()
     assert status is not None and status["uploaded"] is False and status["newest_step"] == 12
     folder = str(tmp_path / "staging" / "step-00000012")
     [line] = [r.getMessage() for r in caplog.records if "only on this machine" in r.getMessage()]

@@ -16,8 +16,8 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time __getattr__ l
     from thrifty.checkpoint.errors import NoValidCheckpointError as NoValidCheckpointError
     from thrifty.checkpoint.errors import TransientStorageError as TransientStorageError
     from thrifty.checkpoint.errors import UnsafeCheckpointError as UnsafeCheckpointError
+    from thrifty.checkpoint.finding import CheckpointInfo as CheckpointInfo
     from thrifty.checkpoint.loading import load_checkpoint as load_checkpoint
-    from thrifty.checkpoint.manager import CheckpointInfo as CheckpointInfo
     from thrifty.checkpoint.manager import CheckpointManager as CheckpointManager
     from thrifty.checkpoint.manifest import Manifest as Manifest
     from thrifty.checkpoint.manifest import step_dir as step_dir
@@ -37,7 +37,7 @@ _EXPORTS = {
     "TransientStorageError": "thrifty.checkpoint.errors",
     "UnsafeCheckpointError": "thrifty.checkpoint.errors",
     "load_checkpoint": "thrifty.checkpoint.loading",
-    "CheckpointInfo": "thrifty.checkpoint.manager",
+    "CheckpointInfo": "thrifty.checkpoint.finding",
     "CheckpointManager": "thrifty.checkpoint.manager",
     "Manifest": "thrifty.checkpoint.manifest",
     "step_dir": "thrifty.checkpoint.manifest",

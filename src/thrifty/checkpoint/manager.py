@@ -15,28 +15,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from thrifty.checkpoint.errors import (
-    CheckpointError,
-    CorruptCheckpointError,
-    NoValidCheckpointError,
-)
-from thrifty.checkpoint.loading import (
-    download_checkpoint,
-    load_checkpoint,
-    load_state,
-)
-from thrifty.checkpoint.manifest import (
-    MANIFEST,
-    Manifest,
-    clean_metric,
-    read_published,
-    scan,
-    step_dir,
-    verify_dir,
-)
+from thrifty.checkpoint.errors import CheckpointError
+from thrifty.checkpoint.finding import CheckpointFinder, CheckpointInfo
+from thrifty.checkpoint.manifest import MANIFEST, Manifest, clean_metric, scan, step_dir
 from thrifty.checkpoint.probe import probe_storage
 from thrifty.checkpoint.retention import SAVE_NAMES, checkpoints_to_keep, purge
 from thrifty.checkpoint.retry import RetryPolicy
@@ -54,17 +37,6 @@ from thrifty.checkpoint.writing import write_checkpoint
 from thrifty.errors import ConfigError
 
 log = logging.getLogger("thrifty.checkpoint")
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """A published, verified checkpoint. `uri` is redacted; `path` is its verified local copy."""
-
-    step: int
-    uri: str
-    metric: float | None = None
-    created: str = ""
-    path: str | None = None
 
 
 class CheckpointManager:
@@ -131,7 +103,14 @@ class CheckpointManager:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._closed = False
-        self._verified_files: dict[str, tuple[object, ...]] = {}
+        self._finder = CheckpointFinder(  # the resume side: latest(), load()
+            self._local,
+            self._remote,
+            self.location,
+            self._retry,
+            self._storage_options,
+            self._io_lock,
+        )
 
     def __repr__(self) -> str:
         return f"CheckpointManager({self.location!r}, keep_last={self.keep_last})"
@@ -290,86 +269,22 @@ class CheckpointManager:
         if self._remote is not None:
             probe_storage(self._remote, "checkpoint.location", self._retry)
 
+    # --- resume (see finding.py) -------------------------------------------------------------
+
     def has_checkpoints(self) -> bool:
         """True when a checkpoint folder with a manifest is at the location or in local_dir,
         whether or not it verifies (reads manifests only; no hashing, no download)."""
-        with self._io_lock:
-            listings = [scan(self._local)]
-            if self._remote is not None:
-                remote = self._remote
-                listings.append(self._retry.call(lambda: scan(remote), "list checkpoints"))
-        return any(listing.published or listing.damaged for listing in listings)
-
-    # --- resume ------------------------------------------------------------------------------
+        return self._finder.has_checkpoints()
 
     def latest(self, before: int | None = None) -> CheckpointInfo | None:
-        """The newest checkpoint whose files match its manifest; None when there is none at all.
-        With `before`, the newest of those with a step below it (a rollback's target).
-
-        Looks in local_dir and, for a URL, at the remote location; a remote checkpoint is
-        downloaded into local_dir to be verified. One that does not match its manifest is
-        skipped with a warning naming it, and the previous one is tried. When checkpoints exist
-        but none verifies, raises NoValidCheckpointError: starting over would silently throw
-        the run away. Nothing is deleted either way.
-        """
-        with self._io_lock:
-            local = scan(self._local, warn=True)
-            failures = dict(local.damaged)
-            remote: dict[int, Manifest] = {}
-            if self._remote is not None:
-                remote_storage = self._remote
-                listing = self._retry.call(
-                    lambda: scan(remote_storage, warn=True), "list checkpoints"
-                )
-                remote = listing.published
-                failures = {**listing.damaged, **failures}
-            for step in sorted(set(local.published) | set(remote), reverse=True):
-                if before is not None and step >= before:
-                    continue
-                info = self._verified(step, local.published.get(step), remote.get(step), failures)
-                if info is not None:
-                    return info
-            if failures:
-                raise NoValidCheckpointError(self._none_valid(failures))
-            return None
-
-    def _none_valid(self, failures: Mapping[int, str]) -> str:
-        count = f"{len(failures)} fail" if len(failures) > 1 else "the only one fails"
-        return (
-            f"no valid checkpoint at {self.location}: {count} verification (newest: "
-            f"{failures[max(failures)]}); nothing was deleted: resume from one you trust with "
-            "--resume PATH (checkpoint.resume), or start fresh with --overwrite "
-            "(run.overwrite = true)"
-        )
+        """The newest checkpoint that verifies (below step `before` when given); None when there
+        is none at all, NoValidCheckpointError when some exist but none verifies."""
+        return self._finder.latest(before)
 
     def load(self, ref: CheckpointInfo | str) -> dict[str, Any]:
-        """Load a checkpoint's state onto the CPU after checking it against its manifest.
-
-        `ref` is a CheckpointInfo or the path/URL of one checkpoint folder. Never executes code
-        from the file: objects other than tensors and plain values raise UnsafeCheckpointError.
-        """
-        with self._io_lock:
-            if not isinstance(ref, CheckpointInfo):
-                return load_checkpoint(
-                    ref,
-                    storage_options=self._storage_options,
-                    scratch_dir=self.local_dir,
-                    retry=self._retry,
-                )
-            remote: Manifest | None = None
-            if self._remote is not None:
-                remote_storage = self._remote
-                remote = self._retry.call(
-                    lambda: read_published(remote_storage, ref.step), f"load {ref.uri}"
-                )
-            info = self._verified(ref.step, self._local_manifest(ref.step), remote, {})
-            manifest = self._local_manifest(ref.step)
-            if info is None or manifest is None:
-                raise CorruptCheckpointError(
-                    f"checkpoint {ref.uri} is gone or no longer matches its manifest: "
-                    "resume from CheckpointManager.latest()"
-                )
-            return load_state(self._local.path(step_dir(ref.step)), manifest, where=info.uri)
+        """Load a checkpoint (a CheckpointInfo, or one folder's path or URL) onto the CPU after
+        checking it against its manifest; never executes code from the file."""
+        return self._finder.load(ref)
 
     # --- background work ---------------------------------------------------------------------
 
@@ -428,61 +343,6 @@ class CheckpointManager:
         metrics = {step: manifest.metric for step, manifest in published.items()}
         return checkpoints_to_keep(metrics, keep_last=self.keep_last, keep_best=self.keep_best)
 
-    # --- finding and verifying ---------------------------------------------------------------
-
-    def _local_manifest(self, step: int) -> Manifest | None:
-        try:
-            return read_published(self._local, step)
-        except CorruptCheckpointError as exc:
-            log.warning("skipping checkpoint %s: %s", self._local.path(step_dir(step)), exc)
-            return None
-
-    def _verify_local(self, folder: str, manifest: Manifest, where: str) -> None:
-        """verify_dir, skipped when this process verified the same unchanged files already.
-
-        latest() then load() would otherwise hash every byte twice on the way to resuming.
-        """
-        stamp = _stamp(folder, manifest)
-        if stamp is not None and self._verified_files.get(folder) == stamp:
-            return
-        verify_dir(folder, manifest, where=where)
-        if stamp is not None:
-            self._verified_files[folder] = stamp
-
-    def _verified(
-        self,
-        step: int,
-        local: Manifest | None,
-        remote: Manifest | None,
-        failures: dict[int, str],
-    ) -> CheckpointInfo | None:
-        """Info for a checkpoint whose local copy matches its manifest (downloading if needed);
-        None when it does not, with the reason recorded in `failures`."""
-        name = step_dir(step)
-        folder = self._local.path(name)
-        remote_uri = f"{self.location}/{name}"
-        if local is not None:
-            where = folder
-            try:
-                self._verify_local(folder, local, where)
-                uri = remote_uri if remote == local else where
-                return CheckpointInfo(step, uri, local.metric, local.created, folder)
-            except CorruptCheckpointError as exc:
-                log.warning("skipping checkpoint %s: %s; trying an earlier one", where, exc)
-                failures[step] = str(exc)
-        if remote is not None and self._remote is not None:
-            remote_storage = self._remote
-            try:
-                self._retry.call(
-                    lambda: download_checkpoint(remote_storage, name, remote, folder),
-                    f"download {remote_uri}",
-                )
-                return CheckpointInfo(step, remote_uri, remote.metric, remote.created, folder)
-            except CorruptCheckpointError as exc:
-                log.warning("skipping checkpoint %s: %s; trying an earlier one", remote_uri, exc)
-                failures.setdefault(step, str(exc))
-        return None
-
 
 def _check_settings(
     keep_last: int, upload_retries: int, retry_backoff: float, upload_deadline: float
@@ -497,12 +357,3 @@ def _check_settings(
             "checkpoint.upload_retries, checkpoint.retry_backoff and checkpoint.upload_deadline "
             f"must be >= 0, got {upload_retries!r}, {retry_backoff!r} and {upload_deadline!r}"
         )
-
-
-def _stamp(folder: str, manifest: Manifest) -> tuple[object, ...] | None:
-    """What identifies a verified folder's files: the manifest and each file's size and mtime."""
-    try:
-        stats = [os.stat(os.path.join(folder, entry.name)) for entry in manifest.files]
-    except OSError:
-        return None
-    return (manifest, *((st.st_size, st.st_mtime_ns, st.st_ino) for st in stats))

@@ -11,6 +11,7 @@ import argparse
 
 from thrifty.commands.plan import COUNT, FRACTION
 from thrifty.commands.training import add_set_option
+from thrifty.console import add_output_options
 
 
 def _positive_int(text: str) -> int:
@@ -49,9 +50,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--engine", choices=("skypilot", "slurm"), default="skypilot")
     parser.add_argument("--dry-run", action="store_true", help="print the file, write nothing")
-    parser.add_argument("--out", metavar="FILE", help="default: beside the config")
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace an --out that thrifty launch wrote"
+    add_output_options(
+        parser,
+        out="default: beside the config",
+        out_metavar="FILE",
+        overwrite="replace an --out that thrifty launch wrote",
     )
     parser.add_argument(
         "--max-restarts",

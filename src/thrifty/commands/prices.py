@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from thrifty.console import add_output_options
 from thrifty.errors import ConfigError
 
 
@@ -35,7 +36,7 @@ def add_catalog_options(parser: argparse.ArgumentParser) -> None:
         help="TOML file adding to or overriding the built-in catalog "
         "(default: $THRIFTY_CATALOG if set)",
     )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_output_options(parser, json="print JSON instead of tables")
 
 
 def run_prices(args: argparse.Namespace) -> int:

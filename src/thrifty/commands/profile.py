@@ -7,6 +7,7 @@ import json
 import tempfile
 
 from thrifty.commands.training import add_set_option
+from thrifty.console import add_output_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--steps", type=int, default=20, metavar="N", help="steps to measure (default 20)"
     )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_output_options(parser, json=True)
     parser.add_argument("--trace", metavar="DIR", help="also write a torch.profiler trace to DIR")
     parser.add_argument(
         "--peak-tflops",

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from thrifty.console import add_output_options
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `report` to the `thrifty` command line."""
@@ -25,15 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="RUN_DIR",
         help="a run directory (it holds metrics.jsonl) or a tune's --out (it holds tune.json)",
     )
-    parser.add_argument(
-        "--out",
-        metavar="FILE",
-        help="the HTML file to write (default RUN_DIR/report.html; required for several runs)",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace the --out file when it exists (never a file thrifty did not write)",
+    add_output_options(
+        parser,
+        out="the HTML file to write (default RUN_DIR/report.html; required for several runs)",
+        out_metavar="FILE",
+        overwrite="replace the --out file when it exists (never a file thrifty did not write)",
     )
     parser.set_defaults(handler=run_report_command)
 

@@ -10,7 +10,8 @@ Efficiency against the smallest count N0: throughput_N / (N / N0 × throughput_N
 prediction is `thrifty.plan.scaling.scaling` for N processes on one node, with the compute of
 one step taken from the N0 run split N ways, fp32 gradients, and the all-reduce bus bandwidth
 either given (--bus-gbs) or measured here by N processes all-reducing a buffer the size of the
-model's gradients (`thrifty.measure.bandwidth.measure_bus_bandwidth`).
+model's gradients (`thrifty.measure.bandwidth.measure_bus_bandwidth`). The comparison and its
+table are in `scale_report`.
 """
 
 from __future__ import annotations
@@ -26,16 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from thrifty import children
+from thrifty.commands.scale_report import compare, print_report, throughput_key
 from thrifty.commands.training import add_set_option
-from thrifty.console import dash, prepare_out, refuse_file, say
+from thrifty.console import add_output_options, prepare_out, refuse_file, say
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.measure.bandwidth import MAX_BUS_BYTES, measure_bus_bandwidth
-from thrifty.plan.scaling import (
-    DDP_GRAD_BYTES_PER_PARAM,
-    efficiency_against_baseline,
-    overlap_applies,
-    scaling_conclusion,
-)
+from thrifty.plan.scaling import DDP_GRAD_BYTES_PER_PARAM
 from thrifty.strategies.launcher import threads_per_process
 
 DEFAULT_STEPS = 20
@@ -74,19 +71,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"optimizer steps at each count (default {DEFAULT_STEPS}; the first is warm-up)",
     )
     parser.add_argument(
-        "--out", metavar="DIR", help="where the runs go, DIR/nprocs-N (default runs/scale-<name>)"
-    )
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace runs an earlier scale left in --out"
-    )
-    parser.add_argument(
         "--bus-gbs",
         type=float,
         metavar="X",
         help="all-reduce bus bandwidth in GB/s per direction for the prediction "
         "(default: measured on this machine)",
     )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_output_options(
+        parser,
+        out="where the runs go, DIR/nprocs-N (default runs/scale-<name>)",
+        overwrite="replace runs an earlier scale left in --out",
+        json=True,
+    )
     add_set_option(parser)
     parser.set_defaults(handler=run_scale)
 
@@ -217,71 +213,6 @@ class ChildRunner:
 
 
 # --------------------------------------------------------------------------------------------
-# The comparison
-
-
-def compare(
-    plan: ScalePlan, summaries: Mapping[int, Mapping[str, Any]], bus: Mapping[int, float]
-) -> dict[str, Any]:
-    """Throughput, speed-up and efficiency per count against the smallest, beside the planner's
-    prediction. `bus` holds the bus bandwidth (GB/s per direction) of each count above 1."""
-    base_n = plan.counts[0]
-    base = summaries[base_n]
-    key, unit = _throughput(base)
-    params = base["parameters"]
-    one_process = base["step_seconds"] * base_n  # the whole global batch on one process
-    overlap, why = overlap_applies(plan.device, params * DDP_GRAD_BYTES_PER_PARAM)
-    throughput = {n: summaries[n][key] for n in plan.counts}
-    model = efficiency_against_baseline(params, throughput, one_process, bus, overlap)
-    rows = []
-    for n in plan.counts:
-        s = summaries[n]
-        rows.append(
-            {
-                "processes": n,
-                "run_dir": str(plan.run_dir(n)),
-                "strategy": s.get("strategy"),
-                "omp_num_threads": plan.threads(n),
-                "accumulation_steps": s.get("accumulation_steps"),
-                "steps": s.get("steps"),
-                "step_seconds": s["step_seconds"],
-                "breakdown": s.get("breakdown"),  # mean seconds per step, by phase
-                "throughput": s[key],
-                **model[n],
-            }
-        )
-    return {
-        "config": plan.config,
-        "out": str(plan.out),
-        "steps": plan.steps,
-        "device": plan.device,
-        "backend": plan.backend,
-        "global_batch": plan.effective,
-        "global_batch_from": "the config's batch.effective"
-        if plan.effective_from_config
-        else f"batch.effective unset: micro x lcm({', '.join(map(str, plan.counts))})",
-        "micro": plan.micro,
-        "cpus": plan.cpus,
-        "omp_from_environment": plan.user_omp is not None and plan.device == "cpu",
-        "parameters": params,
-        "gradient_bytes": params * DDP_GRAD_BYTES_PER_PARAM,
-        "unit": unit,
-        "baseline_processes": base_n,
-        "prediction_applies": "overlap" if overlap else "no_overlap",
-        "prediction_applies_because": why,
-        "counts": rows,
-        "conclusion": scaling_conclusion(rows, overlap, unit),
-    }
-
-
-def _throughput(summary: Mapping[str, Any]) -> tuple[str, str]:
-    """Tokens per second for a token task, else samples per second: (summary key, unit)."""
-    if summary["tokens_per_second"]:
-        return "tokens_per_second", "tokens/s"
-    return "samples_per_second", "samples/s"
-
-
-# --------------------------------------------------------------------------------------------
 # The command
 
 
@@ -307,7 +238,7 @@ def run_scale(
         say("scale", f"{n} process{'es' if n > 1 else ''} -> {plan.run_dir(n)}")
         summaries[n] = _checked(runner(n), n, plan)
         s = summaries[n]
-        rate, unit = _throughput(s)
+        rate, unit = throughput_key(s)
         say("scale", f"{n}: {s[rate]:,.1f} {unit}, {s['step_seconds'] * 1e3:,.1f} ms per step")
     bus, source = _bus(plan, args.bus_gbs, summaries[plan.counts[0]]["parameters"], bus_meter)
     report = compare(plan, summaries, bus)
@@ -445,69 +376,3 @@ def _bus(
         f"measured: {plan.backend} all-reduce of {fmt_bytes(nbytes)}{cap}, the model's fp32 "
         "gradients; busbw = bytes/s x 2(n-1)/n"
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Printing
-
-
-def print_report(report: Mapping[str, Any]) -> None:
-    from rich.markup import escape
-
-    from thrifty.console import Table, console
-
-    out = console()
-    rows = report["counts"]
-    out.print(
-        escape(
-            f"thrifty scale: {report['config']}, global batch {report['global_batch']}, "
-            f"{report['steps']} steps per count, {report['device']} ({report['backend']})"
-        ),
-        style="bold",
-    )
-    table = Table(pad_edge=False)
-    applies = report["prediction_applies"]
-    columns = ["processes", "strategy", "threads", "accum", "ms/step", report["unit"], "speedup"]
-    columns += ["efficiency", "predicted\nno overlap", "predicted\noverlap", "bus\nGB/s"]
-    for name in columns:
-        if name.endswith("\n" + applies.replace("_", " ")):
-            name = name.replace("\n", " *\n")  # the prediction that applies
-        table.add_column(name, justify="left" if name == "strategy" else "right")
-    for r in rows:
-        table.add_row(
-            str(r["processes"]),
-            str(r["strategy"] or "-"),
-            dash(r["omp_num_threads"]),
-            dash(r["accumulation_steps"]),
-            f"{r['step_seconds'] * 1e3:,.1f}",
-            f"{r['throughput']:,.0f}",
-            f"{r['speedup']:.2f}x",
-            f"{r['efficiency']:.0%}",
-            f"{r['predicted_efficiency_no_overlap']:.0%}",
-            f"{r['predicted_efficiency_overlap']:.0%}",
-            "-" if r["bus_gbs"] is None else f"{r['bus_gbs']:.3g}",
-        )
-    out.print(table)
-    base = report["baseline_processes"]
-    if report["device"] == "cpu":
-        threads = (
-            "OMP_NUM_THREADS from your environment, the same at every count"
-            if report["omp_from_environment"]
-            else f"OMP_NUM_THREADS = {report['cpus']} CPUs // processes"
-        )
-    else:
-        threads = "OMP_NUM_THREADS left as the launcher sets it (CUDA run)"
-    notes = [
-        f"threads: {threads}",
-        f"global batch: {report['global_batch']} samples per step at every count (micro "
-        f"{report['micro']}; {report['global_batch_from']})",
-        f"efficiency: {report['unit']} at N / (N/{base} x {report['unit']} at {base})",
-        f"predicted: thrifty.plan.scaling with {report['parameters']:,} parameters x "
-        f"{DDP_GRAD_BYTES_PER_PARAM} bytes of gradients and the compute of one step = "
-        f"{rows[0]['step_seconds'] * base * 1e3:,.1f} ms / N (the step at {base} x {base}/N)",
-        f"* applies: {report['prediction_applies_because']}",
-        f"bus bandwidth: {report['bus_source']}",
-    ]
-    for note in notes:
-        out.print(f"  {escape(note)}", soft_wrap=True)
-    out.print(escape(report["conclusion"]), soft_wrap=True)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from thrifty.console import add_output_options
+from thrifty.records.stop import StopReason
+
 if TYPE_CHECKING:
     from thrifty.records.stop_signals import StopSignals
     from thrifty.trainer import Trainer
@@ -26,12 +29,13 @@ def add_set_option(parser: argparse.ArgumentParser) -> None:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     add_set_option(parser)
-    parser.add_argument("--out", metavar="DIR", help="run directory (default: runs/<run.name>)")
-    parser.add_argument(
-        "--steps", type=int, metavar="N", help="optimizer steps to run (run.max_steps)"
+    add_output_options(
+        parser,
+        out="run directory (default: runs/<run.name>)",
+        overwrite="start over in a run directory that holds a run",
     )
     parser.add_argument(
-        "--overwrite", action="store_true", help="start over in a run directory that holds a run"
+        "--steps", type=int, metavar="N", help="optimizer steps to run (run.max_steps)"
     )
     parser.add_argument(
         "--resume",
@@ -182,9 +186,9 @@ def _train(config: Any, stops: StopSignals) -> int:
         result = trainer.fit()
         if rank == 0:
             show_result(result, trainer.diagnosis)
-    if result.stop_reason == "diverged":
+    if result.stop_reason == StopReason.DIVERGED:
         return 1  # failed: restarting would diverge again; the last good checkpoint is kept
-    if result.stop_reason == "preempted":
+    if result.stop_reason == StopReason.PREEMPTED:
         return EXIT_PREEMPTED
     late = _late_stop(stops, trainer)
     if late and rank == 0:
@@ -199,7 +203,7 @@ def _train(config: Any, stops: StopSignals) -> int:
 def _late_stop(stops: StopSignals, trainer: Trainer) -> str:
     """A stop signal after the loop's last look ("received SIGTERM"), or "": the watcher's
     while the last checkpoint was finished, the command's while the outputs were written."""
-    saves = trainer.checkpointer.saves
-    if saves is not None and saves.watcher.requested:
-        return saves.watcher.reason
+    watcher = trainer.checkpointer.watcher
+    if watcher is not None and watcher.requested:
+        return watcher.reason
     return stops.reason

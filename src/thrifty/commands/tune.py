@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from thrifty.commands.training import add_set_option
+from thrifty.console import add_output_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,18 +41,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "first 3, are warm-up and not measured)",
     )
     parser.add_argument(
-        "--out",
-        metavar="DIR",
-        help="where the trials and winner.toml go (default runs/tune-<config>); the same "
-        "command resumes a tune stopped there",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace what an earlier tune left in --out (never other files: a folder holding "
-        "them is refused); without it, an unfinished tune of the same search is resumed",
-    )
-    parser.add_argument(
         "--instance",
         metavar="NAME",
         help="catalog instance to price the job on (default: the config's [cost] section)",
@@ -67,7 +56,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="micro-batch sizes to try (divisors of the effective batch) instead of auto, "
         "the largest that fits",
     )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_output_options(
+        parser,
+        out="where the trials and winner.toml go (default runs/tune-<config>); the same "
+        "command resumes a tune stopped there",
+        overwrite="replace what an earlier tune left in --out (never other files: a folder "
+        "holding them is refused); without it, an unfinished tune of the same search is resumed",
+        json=True,
+    )
     add_set_option(parser)
     parser.set_defaults(handler=run_tune_command)
 

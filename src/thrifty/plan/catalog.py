@@ -3,32 +3,34 @@
 The catalog ships as `catalog.toml` next to this module. A user file with the same layout, given
 as `load_catalog(path)`, `--catalog FILE` or the THRIFTY_CATALOG environment variable, adds rows
 or replaces rows of the same name, so prices can be brought up to date without a release.
-A malformed file is reported with its path, line and field.
+A malformed file is reported with its path, line and field (see `catalog_file`).
 """
 
 from __future__ import annotations
 
 import difflib
-import functools
 import os
-import re
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thrifty.config import toml_loads
 from thrifty.errors import ConfigError, ThriftyError
+from thrifty.plan.catalog_file import DTYPES, PRICE_FIELDS, CatalogError, Row, Where, read_rows
 
 BUILTIN_PATH = Path(__file__).with_name("catalog.toml")
 ENV_VAR = "THRIFTY_CATALOG"
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 PRICINGS = ("on-demand", "spot")
-
-
-class CatalogError(ConfigError):
-    """A catalog file is malformed: the message names the file, line and field."""
+__all__ = [
+    "DTYPES",
+    "GPU",
+    "Catalog",
+    "CatalogError",
+    "Instance",
+    "UnknownNameError",
+    "load_catalog",
+]
 
 
 class UnknownNameError(ThriftyError, LookupError):
@@ -125,7 +127,7 @@ class Instance:
     @property
     def price_traced(self) -> bool:
         """False when a price of this row cannot be traced to a primary source."""
-        return not any(key in _PRICE_FIELDS for key in self.untraced)
+        return not any(key in PRICE_FIELDS for key in self.untraced)
 
     @property
     def nvlink_domain(self) -> int:
@@ -199,230 +201,21 @@ def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
     `path` (or, when it is None, the THRIFTY_CATALOG environment variable) names a TOML file with
     the layout of the built-in `catalog.toml`; its rows add to or replace built-in rows by name.
     """
-    rows = dict(_read_rows(str(BUILTIN_PATH)))
+    rows = dict(read_rows(str(BUILTIN_PATH)))
     files = [str(BUILTIN_PATH)]
     user = path if path is not None else os.environ.get(ENV_VAR) or None
     if user is not None:
-        user_rows = _read_rows(os.fspath(user))
+        user_rows = read_rows(os.fspath(user))
         for kind in ("gpu", "instance"):
             rows[kind] = {**rows[kind], **user_rows[kind]}
         files.append(os.fspath(user))
     return _build(rows, files)
 
 
-@functools.lru_cache(maxsize=8)
-def _read_cached(path: str, mtime: float) -> dict[str, dict[str, _Row]]:
-    return _parse_file(path)
-
-
-def _read_rows(path: str) -> dict[str, dict[str, _Row]]:
-    try:
-        mtime = os.stat(path).st_mtime
-    except OSError as exc:
-        raise CatalogError(
-            f"catalog file {path!r} cannot be read: {exc.strerror}; check --catalog"
-        ) from None
-    return _read_cached(path, mtime)
-
-
-# --- parsing and validation -------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Row:
-    """One validated table of the file, with what is needed to report errors against it."""
-
-    values: dict[str, Any]
-    where: _Where
-
-
-@dataclass(frozen=True, slots=True)
-class _Where:
-    path: str
-    kind: str
-    header_line: int
-    key_lines: dict[str, int]
-
-    def error(self, name: str, key: str, problem: str) -> CatalogError:
-        line = self.key_lines.get(key.split(".")[0], self.header_line)
-        label = f"{self.kind} {name!r}" if name else f"{self.kind} entry"
-        return CatalogError(f"{self.path} line {line}: {label} field {key!r} {problem}")
-
-
-_STR, _NUM, _INT, _STRS = "text", "number", "integer", "list of text"
-_PEAKS, _ZONES = "table of TFLOP/s", "table of $/hour by zone"
-_PRICE_FIELDS = ("on_demand", "on_demand_per_gpu", "spot", "spot_zones", "spot_low", "spot_high")
-
-_GPU_FIELDS = {
-    "name": (_STR, True),
-    "aliases": (_STRS, False),
-    "peak_tflops": (_PEAKS, True),
-    "peak_source": (_STR, True),
-    "memory_gib": (_NUM, True),
-    "memory_bandwidth_gbs": (_NUM, True),
-    "memory_source": (_STR, True),
-    "interconnect": (_STR, True),
-    "interconnect_gbs_per_direction": (_NUM, True),
-    "interconnect_note": (_STR, False),
-    "bus_gbs": (_NUM, False),
-    "bus_source": (_STR, False),
-    "nvlink_domain": (_INT, False),
-    "nvlink_domain_source": (_STR, False),
-    "uncertain": (_STRS, False),
-    "untraced": (_STRS, False),
-}
-_INSTANCE_FIELDS = {
-    "name": (_STR, True),
-    "snapshot": (_STR, False),
-    "provider": (_STR, True),
-    "region": (_STR, True),
-    "gpu": (_STR, True),
-    "gpu_count": (_INT, True),
-    "on_demand": (_NUM, False),
-    "on_demand_per_gpu": (_NUM, False),
-    "spot": (_NUM, False),
-    "spot_zones": (_ZONES, False),
-    "spot_low": (_NUM, False),
-    "spot_high": (_NUM, False),
-    "price_source": (_STR, True),
-    "price_date": (_STR, True),
-    "price_note": (_STR, False),
-    "network_gbits": (_NUM, False),
-    "network_source": (_STR, False),
-    "uncertain": (_STRS, False),
-    "untraced": (_STRS, False),
-}
-_FIELDS = {"gpu": _GPU_FIELDS, "instance": _INSTANCE_FIELDS}
-
-
-def _parse_file(path: str) -> dict[str, dict[str, _Row]]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CatalogError(
-            f"catalog file {path!r} cannot be read: {exc}; check --catalog"
-        ) from None
-    try:
-        data = toml_loads(text)
-    except ValueError as exc:  # tomllib.TOMLDecodeError
-        raise CatalogError(f"{path}: malformed TOML: {exc}") from None
-    for key in data:
-        if key not in ("schema", "gpu", "instance"):
-            line = _top_level_line(text, key)
-            raise CatalogError(
-                f"{path} line {line}: unknown top-level key {key!r}; "
-                "expected [[gpu]] or [[instance]] tables"
-            )
-    locations = _locate_tables(text)
-    rows: dict[str, dict[str, _Row]] = {"gpu": {}, "instance": {}}
-    for kind in ("gpu", "instance"):
-        tables = data.get(kind, [])
-        if not isinstance(tables, list):
-            raise CatalogError(
-                f"{path} line {_top_level_line(text, kind)}: {kind!r} must be [[{kind}]] tables"
-            )
-        for index, table in enumerate(tables):
-            header, keys = locations.get((kind, index), (0, {}))
-            where = _Where(path, kind, header, keys)
-            values = _validate_table(table, _FIELDS[kind], where)
-            key = values["name"].casefold()
-            if key in rows[kind]:
-                raise where.error(
-                    values["name"], "name", "repeats an earlier entry; names must be unique"
-                )
-            rows[kind][key] = _Row(values, where)
-    return rows
-
-
-def _validate_table(
-    table: dict[str, Any], fields: dict[str, tuple[str, bool]], where: _Where
-) -> dict[str, Any]:
-    given = table.get("name")
-    name = given if isinstance(given, str) else ""
-    for key in table:
-        if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; allowed: {', '.join(fields)}"
-            raise where.error(name, key, f"is not a known field{hint}")
-    for key, (kind, required) in fields.items():
-        if key not in table:
-            if required:
-                raise where.error(name, key, f"is missing (a {kind} is required)")
-            continue
-        _check_value(table[key], kind, key, name, where)
-    return dict(table)
-
-
-def _check_value(value: Any, kind: str, key: str, name: str, where: _Where) -> None:
-    if kind == _STR:
-        ok = isinstance(value, str) and value.strip() != ""
-    elif kind == _STRS:
-        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
-    elif kind == _INT:
-        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-    elif kind == _NUM:
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-    elif kind == _ZONES:
-        _check_table(value, kind, "{ use1-az1 = 8.19 }", key, name, where)
-        return
-    else:  # peak table
-        _check_table(value, kind, "{ bf16 = 312 }", key, name, where)
-        for dtype in value:
-            if dtype not in DTYPES:
-                raise where.error(
-                    name, f"{key}.{dtype}", f"is not a dtype; use {', '.join(DTYPES)}"
-                )
-        return
-    if not ok:
-        rule = {_INT: "a whole number > 0", _NUM: "a number > 0"}.get(kind, f"a {kind}")
-        raise where.error(name, key, f"must be {rule}, got {value!r}")
-
-
-def _check_table(value: Any, kind: str, example: str, key: str, name: str, where: _Where) -> None:
-    """A non-empty inline table of positive numbers (peaks by dtype, prices by zone)."""
-    if not isinstance(value, dict) or not value:
-        raise where.error(name, key, f"must be a {kind} such as {example}")
-    for item, number in value.items():
-        _check_value(number, _NUM, f"{key}.{item}", name, where)
-
-
-_ARRAY_HEADER = re.compile(r"^\s*\[\[\s*([A-Za-z0-9_-]+)\s*\]\]")
-_TABLE_HEADER = re.compile(r"^\s*\[")
-_KEY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*=")
-
-
-def _locate_tables(text: str) -> dict[tuple[str, int], tuple[int, dict[str, int]]]:
-    """Line numbers of each [[kind]] header and of the keys inside it, for error messages."""
-    found: dict[tuple[str, int], tuple[int, dict[str, int]]] = {}
-    counts: dict[str, int] = {}
-    current: dict[str, int] | None = None
-    for number, line in enumerate(text.splitlines(), start=1):
-        header = _ARRAY_HEADER.match(line)
-        if header:
-            kind = header.group(1)
-            index = counts.get(kind, 0)
-            counts[kind] = index + 1
-            current = {}
-            found[(kind, index)] = (number, current)
-        elif _TABLE_HEADER.match(line):
-            current = None
-        elif current is not None and (key := _KEY.match(line)):
-            current.setdefault(key.group(1), number)
-    return found
-
-
-def _top_level_line(text: str, key: str) -> int:
-    pattern = re.compile(rf"^\s*(\[+\s*)?{re.escape(key)}\s*(=|\])")
-    for number, line in enumerate(text.splitlines(), start=1):
-        if pattern.match(line):
-            return number
-    return 1
-
-
 # --- building objects -------------------------------------------------------------------------
 
 
-def _build(rows: dict[str, dict[str, _Row]], files: list[str]) -> Catalog:
+def _build(rows: dict[str, dict[str, Row]], files: list[str]) -> Catalog:
     gpus = {row.values["name"]: _gpu(row.values) for row in rows["gpu"].values()}
     catalog = Catalog(gpus=gpus, instances={}, files=tuple(files))
     for row in rows["instance"].values():
@@ -452,7 +245,7 @@ def _gpu(values: dict[str, Any]) -> GPU:
     )
 
 
-def _instance(row: _Row, catalog: Catalog) -> Instance:
+def _instance(row: Row, catalog: Catalog) -> Instance:
     values, where, name = row.values, row.where, row.values["name"]
     try:
         gpu = catalog.gpu(values["gpu"])
@@ -490,7 +283,7 @@ def _instance(row: _Row, catalog: Catalog) -> Instance:
 _SpotTerms = tuple[float | None, tuple[float, float] | None, str]
 
 
-def _spot(values: dict[str, Any], where: _Where) -> _SpotTerms:
+def _spot(values: dict[str, Any], where: Where) -> _SpotTerms:
     """Typical spot price, the range across zones, and how the typical price was reached.
 
     The median across zones, not the midpoint of their range: one cheap outlying zone (p4d's

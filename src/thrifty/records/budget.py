@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from thrifty.records.state import TrainState
+from thrifty.records.stop import StopReason
 
 if TYPE_CHECKING:
     from thrifty.config import RunConfig
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Budget:
-    """Limits on a run; the first one reached names the stop reason."""
+    """Limits on a run; the first one reached (steps, tokens, seconds) names the stop reason."""
 
     max_steps: int | None = None
     max_tokens: int | None = None
@@ -29,13 +30,16 @@ class Budget:
     def out_of_time(self, seconds: float) -> bool:
         return self.max_seconds is not None and seconds >= self.max_seconds
 
-    def exceeded(self, steps: int, tokens: int, seconds: float) -> str | None:
+    def exceeded(self, steps: int, tokens: int, seconds: float) -> StopReason | None:
+        """The limit reached, if any. Checked once per step, so the limits are tried in
+        `StopReason`'s order (steps, tokens, seconds) and the first one reached is returned,
+        rather than collected for `StopReason.decide`."""
         if self.max_steps is not None and steps >= self.max_steps:
-            return "max_steps"
+            return StopReason.MAX_STEPS
         if self.max_tokens is not None and tokens >= self.max_tokens:
-            return "max_tokens"
+            return StopReason.MAX_TOKENS
         if self.max_seconds is not None and seconds >= self.max_seconds:
-            return "max_time"
+            return StopReason.MAX_TIME
         return None
 
     def fraction_done(self, progress: TrainState) -> float | None:

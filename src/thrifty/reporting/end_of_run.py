@@ -8,6 +8,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from thrifty.records.stop import StopReason
+
 
 def _fmt(value: Any) -> str:
     if value is None:
@@ -153,7 +155,7 @@ def show_result(result: Any, diagnosis: Any) -> None:
     if diagnosis is not None:
         print_diagnosis(diagnosis, result)
     guard = getattr(result, "guard", None) or {}
-    if result.stop_reason == "diverged":
+    if result.stop_reason == StopReason.DIVERGED:
         print(
             f"thrifty: the run diverged: {guard.get('diverged')}; its newest checkpoint is the "
             "last good state (exit code 1)"
@@ -161,7 +163,7 @@ def show_result(result: Any, diagnosis: Any) -> None:
     status = getattr(result, "checkpoint", None)
     if status and status.get("location") and not status.get("uploaded"):
         print(f"thrifty: warning: {local_only_message(status)}")
-    if result.stop_reason == "preempted":
+    if result.stop_reason == StopReason.PREEMPTED:
         print(
             f"thrifty: preempted at step {result.steps}; checkpoint saved, run the same command "
             f"to resume (exit code {EXIT_PREEMPTED})"

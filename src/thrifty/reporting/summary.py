@@ -1,32 +1,59 @@
 """What a run reports when `fit()` ends: the FitResult, and on rank 0 the diagnosis of what
 limited its steps (diagnosis.json), for a finished run summary.json, and for every run its
-report (report.html), both handed to the loggers that keep files (MLflow)."""
+report (report.html), both handed to the loggers that keep files (MLflow).
+
+All of it is built from `RunFacts`, the record the Trainer fills in as `fit()` ends: reporting
+reads that record, not the Trainer.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from thrifty.config import TrainConfig
+from thrifty.levers.precision import Precision
 from thrifty.measure import instruments
 from thrifty.measure.monitor import RunMonitor
-from thrifty.records.directory import write_json
-from thrifty.records.state import FitResult
-
-if TYPE_CHECKING:
-    from thrifty.trainer import Trainer
-
-UNFINISHED = ("preempted", "data_error")  # stop reasons of a run resumed later
+from thrifty.records.directory import MetricsLog, write_json
+from thrifty.records.state import FitResult, TrainState
+from thrifty.records.stop import StopReason
 
 
-def fit_result(
-    trainer: Trainer, reason: str, monitor: RunMonitor, wall_seconds: float
-) -> FitResult:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunFacts:
+    """A run's set-up and where it ended, as `fit()` hands them to reporting."""
+
+    config: TrainConfig
+    device: torch.device
+    precision: Precision
+    progress: TrainState  # the counters and losses
+    strategy: str  # "single", "ddp", "fsdp"
+    world_size: int
+    parameters: int  # trainable parameters
+    checkpointed_blocks: list[str]  # the blocks activation checkpointing wraps
+    flops: Any  # the FLOP count of one micro-batch at `micro` (None: not counted)
+    micro: int  # the micro-batch set up (measured with batch.micro = "auto")
+    micro_now: int  # the micro-batch at the end: out-of-memory errors halve it
+    micro_search: dict[str, Any] | None  # how batch.micro = "auto" chose
+    accumulation: int
+    effective_batch: int
+    num_workers: int
+    worker_choice: Any  # how data.num_workers = "auto" chose (None: given)
+    best_val_loss: float | None
+    guard: dict[str, Any]  # the run guard's summary
+    guard_saved: dict[str, Any] | None  # what a stop before the budget did not spend
+    run_dir: Path | None
+    checkpoint: dict[str, Any] | None  # where the newest checkpoint is (rank 0)
+    metrics: MetricsLog | None  # rank 0's, whose loggers keep the files
+
+
+def fit_result(facts: RunFacts, reason: str, monitor: RunMonitor, wall_seconds: float) -> FitResult:
     """The run's figures: counters, losses, rates, cost, the guard's savings, the newest save."""
-    t, s = trainer, trainer.state
-    early, guard = t.parts.early_stopping, t.parts.guard
+    f, s = facts, facts.progress
     return FitResult(
         steps=s.step,
         samples=s.samples,
@@ -34,69 +61,68 @@ def fit_result(
         train_loss=monitor.train_loss,
         val_loss=s.val_loss,
         initial_val_loss=s.initial_val_loss,
-        best_val_loss=early.best if early.history else None,
+        best_val_loss=f.best_val_loss,
         tokens_per_second=monitor.meter.tokens_per_second,
         samples_per_second=monitor.meter.samples_per_second,
         stop_reason=reason,
         wall_seconds=wall_seconds,
-        precision=t.precision.name,
-        num_workers=t.batches.num_workers,
-        checkpointed_blocks=t.checkpointed_blocks,
-        run_dir=str(t.run_dir) if t.run_dir else None,
+        precision=f.precision.name,
+        num_workers=f.num_workers,
+        checkpointed_blocks=f.checkpointed_blocks,
+        run_dir=str(f.run_dir) if f.run_dir else None,
         mfu=monitor.mfu,
         breakdown=monitor.mean_phases(),
         cost=monitor.cost.summary().to_dict() if monitor.cost is not None else None,
-        world_size=t.dist.world_size,
-        strategy=t.strategy.name,
-        parameters=sum(p.numel() for p in t.model.parameters() if p.requires_grad),
+        world_size=f.world_size,
+        strategy=f.strategy,
+        parameters=f.parameters,
         step_seconds=monitor.meter.step_seconds,
-        checkpoint=t.checkpoint_status,
-        guard={**guard.summary(), "saved": t.watch.saved(reason, monitor)},
-        micro_batch=t.micro_now,
-        micro_batch_search=t.micro_search.to_dict() if t.micro_search else None,
+        checkpoint=f.checkpoint,
+        guard={**f.guard, "saved": f.guard_saved},
+        micro_batch=f.micro_now,
+        micro_batch_search=f.micro_search,
         peak_memory_bytes=(
-            float(torch.cuda.max_memory_allocated(t.device)) if t.device.type == "cuda" else None
+            float(torch.cuda.max_memory_allocated(f.device)) if f.device.type == "cuda" else None
         ),
     )
 
 
-def write_outputs(trainer: Trainer, result: FitResult, monitor: RunMonitor) -> Any:
+def write_outputs(facts: RunFacts, result: FitResult, monitor: RunMonitor) -> Any:
     """Rank 0: diagnose the run and write diagnosis.json (with what the guard saved, beside
     the bottleneck), summary.json (the FitResult and the run's set-up) and the report. A run
     preempted or stopped by its data writes no summary: summary.json marks a finished run.
     Returns the diagnosis."""
-    t = trainer
+    f = facts
     diagnosis = instruments.diagnose_run(
         monitor,
-        t.config,
-        t.device,
-        t.precision,
-        flops=t.flops,
-        micro=t.micro,
-        accumulation=t.accumulation,
-        num_workers=t.batches.num_workers,
-        worker_choice=t.batches.worker_choice,
+        f.config,
+        f.device,
+        f.precision,
+        flops=f.flops,
+        micro=f.micro,
+        accumulation=f.accumulation,
+        num_workers=f.num_workers,
+        worker_choice=f.worker_choice,
     )
-    if t.run_dir is None:
+    if f.run_dir is None:
         return diagnosis
     if diagnosis is not None:
-        guard = t.parts.guard.summary()
-        write_json(t.run_dir / "diagnosis.json", {**diagnosis.to_dict(), "guard": guard})
-    finished = result.stop_reason not in UNFINISHED
+        write_json(f.run_dir / "diagnosis.json", {**diagnosis.to_dict(), "guard": f.guard})
+    finished = not StopReason(result.stop_reason).unfinished
     if finished:
-        write_json(t.run_dir / "summary.json", run_summary(t, result, monitor))
-    publish(t, t.run_dir, finished)
+        write_json(f.run_dir / "summary.json", run_summary(f, result, monitor))
+    publish(f, f.run_dir, finished)
     return diagnosis
 
 
-def run_summary(trainer: Trainer, result: FitResult, monitor: RunMonitor) -> dict[str, Any]:
+def run_summary(facts: RunFacts, result: FitResult, monitor: RunMonitor) -> dict[str, Any]:
     """summary.json's contents: the FitResult and the set-up that explains it."""
-    t, choice = trainer, trainer.batches.worker_choice
+    choice = facts.worker_choice
     summary = asdict(result)
     summary["final_val_loss"] = summary.pop("val_loss")
-    summary["precision_reason"] = t.precision.reason
-    summary["accumulation_steps"] = t.accumulation
-    summary["effective_batch"] = t.effective_batch
+    summary["precision_reason"] = facts.precision.reason
+    summary["accumulation_steps"] = facts.accumulation
+    summary["effective_batch"] = facts.effective_batch
     if monitor.peak is not None:  # what the MFU is measured against
         summary["mfu_basis"] = {
             "flops_per_step": monitor.flops_per_step,
@@ -109,16 +135,16 @@ def run_summary(trainer: Trainer, result: FitResult, monitor: RunMonitor) -> dic
     return summary
 
 
-def publish(trainer: Trainer, run_dir: Path, finished: bool) -> None:
+def publish(facts: RunFacts, run_dir: Path, finished: bool) -> None:
     """Write the run's report (log.report), preempted or not, and hand summary.json and the
     report to the loggers that keep files (MLflow's artifacts)."""
     files = [run_dir / "summary.json"] if finished else []
-    if trainer.config.log.report:
+    if facts.config.log.report:
         from thrifty.reporting import write_run_report
 
         report = write_run_report(run_dir)
         if report is not None:
             files.append(report)
-    metrics = trainer.checkpointer.metrics
+    metrics = facts.metrics
     for sink in metrics.sinks if metrics is not None else ():
         sink.finish(files, finished)

@@ -1,22 +1,26 @@
 """The run checkpointer: everything about saving and restoring one run, in one place.
 
-It is built with the stateful parts of a run (model, optimizer, scheduler, loss scaler, early
-stopping, the guard, the counters) and answers the loop's questions: is a save due, save now
-(on an interval, in an emergency, at the end), roll the weights back. It opens the run
+It is handed the stateful parts of a run and answers the loop's questions: is a save due, save
+now (on an interval, in an emergency, at the end), roll the weights back. It opens the run
 directory, chooses the checkpoint to resume from, checks that it fits this run (model, batch,
-layout, config) and loads it. The strategy says what each rank writes and reads.
+layout, config) and loads it. It writes through the checkpoint store (`CheckpointManager`,
+rank 0's) and listens to the preemption watcher (every rank's) itself.
+
+The parts: the model and optimizer are laid out by the strategy (whole, or in each rank's
+shards); the scheduler follows the resume's config changes (`restore_scheduler`); the random
+streams and the data's state are each rank's own. Every other part sits in `states`, a
+`dict[str, Stateful]` saved and loaded by name: a new piece of state joins it by having
+`state_dict`/`load_state_dict`. The state carries its layout's number (`state_format`).
 
 Under several processes rank 0 decides and writes; every rank loads the same checkpoint
-folder, which must be visible to all of them.
+folder, which must be visible to all of them (`thrifty.run.shared_folders`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +28,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from thrifty.checkpoint import CheckpointManager
 from thrifty.config import TrainConfig
 from thrifty.data.sampling import SHUFFLE
-from thrifty.errors import ConfigError, ThriftyError
+from thrifty.errors import ThriftyError
 from thrifty.levers.early_stopping import EarlyStopping
 from thrifty.levers.precision import LossScaler
 from thrifty.measure.cost import LostWork
@@ -41,9 +46,23 @@ from thrifty.run.config_changes import (
 from thrifty.run.guard import RunGuard
 from thrifty.run.lock import RunLock
 from thrifty.run.opening import Claimed, claim_run_dir, record_opening
+from thrifty.run.preemption import PreemptionWatcher
 from thrifty.run.rng import rng_state, seed_everything, set_rng_state
-from thrifty.run.saves import SpotGuard
+from thrifty.run.saves import SaveInterval, finish_uploads, make_watcher
 from thrifty.run.schedule_state import restore_scheduler, scheduler_kind
+from thrifty.run.shared_folders import (
+    check_visible,
+    local_checkpoint_folder,
+    read_checkpoint_folder,
+)
+from thrifty.run.state_format import (
+    STATE_VERSION,
+    Stateful,
+    check_compatible,
+    check_thrifty_state,
+    state_is_finite,
+    upgrade_state,
+)
 from thrifty.strategies.base import Strategy, shapes
 from thrifty.strategies.elastic import check_effective_kept
 from thrifty.strategies.process_group import Distributed
@@ -52,8 +71,8 @@ log = logging.getLogger("thrifty")
 
 
 @dataclass
-class Stateful:
-    """The parts of a run a checkpoint holds besides its counters."""
+class RunParts:
+    """The parts of a run a checkpoint holds besides its counters, by name for the loop."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -75,6 +94,7 @@ class Layout:
     horizon: int | None  # the schedule's steps
 
 
+
 class RunCheckpointer:
     """Saves and restores one run; see the module's docstring."""
 
@@ -83,7 +103,7 @@ class RunCheckpointer:
         config: TrainConfig,
         dist: Distributed,
         strategy: Strategy,
-        parts: Stateful,
+        parts: RunParts,
         progress: TrainState,
         layout: Layout,
         make_scheduler: Callable[[int | None], Any] | None,
@@ -96,7 +116,16 @@ class RunCheckpointer:
         self.layout = layout
         self.horizon = layout.horizon
         self._make_scheduler = make_scheduler
-        self.saves: SpotGuard | None = None
+        # The parts saved and loaded by name, each whole on rank 0 (see the module's docstring).
+        self.states: dict[str, Stateful] = {
+            "scaler": parts.scaler,
+            "early_stopping": parts.early_stopping,
+            "guard": parts.guard,
+            "progress": progress,
+        }
+        self.interval = SaveInterval(config.checkpoint)
+        self.manager: CheckpointManager | None = None  # rank 0's, once the run is open
+        self.watcher: PreemptionWatcher | None = None  # every rank's, once the run is open
         self.run_dir: Path | None = None
         self.metrics: MetricsLog | None = None  # rank 0's, once the run is open
         self.lost = LostWork()  # steps a preemption threw away before this attempt
@@ -119,14 +148,14 @@ class RunCheckpointer:
             claimed = claim_run_dir(self.config, interface)
             self._lock = claimed.lock
             ref = claimed.resume
-            folder = None if ref is None else local_checkpoint_folder(claimed.saves, ref)
-            return str(claimed.run_dir), claimed.saves.manager.local_dir, folder, claimed.why
+            folder = None if ref is None else local_checkpoint_folder(ref)
+            return str(claimed.run_dir), claimed.manager.local_dir, folder, claimed.why
 
         if not d.enabled:
             claimed = claim_run_dir(self.config, interface)
             self._lock = claimed.lock
             if claimed.resume is not None:
-                self.load_state_dict(claimed.saves.load(claimed.resume))
+                self.load_state_dict(claimed.manager.load(claimed.resume))
             folder, why, run_dir = claimed.resume, claimed.why, str(claimed.run_dir)
         else:
             run_dir, checkpoint_dir, folder, why = d.on_main(on_rank0)
@@ -134,11 +163,8 @@ class RunCheckpointer:
             if folder is not None:
                 self.load_state_dict(read_checkpoint_folder(d, folder), shards=folder)
         self.run_dir = Path(run_dir)
-        self.saves = (
-            claimed.saves
-            if claimed is not None
-            else SpotGuard(self.config.checkpoint, self.config.spot, self.run_dir, writes=False)
-        )
+        self.manager = claimed.manager if claimed is not None else None
+        self.watcher = make_watcher(self.config.spot)
         if folder is not None:
             log.info("resumed from step %d (%s)", self.progress.step, why)
         if claimed is not None:
@@ -163,22 +189,38 @@ class RunCheckpointer:
     # --- the loop's questions ------------------------------------------------------------------
 
     @property
-    def _saves(self) -> SpotGuard:
-        if self.saves is None:
+    def _watch(self) -> PreemptionWatcher:
+        if self.watcher is None:
             raise ThriftyError("the run is not open: fit() opens it")
-        return self.saves
+        return self.watcher
+
+    @property
+    def _store(self) -> CheckpointManager:
+        if self.manager is None:
+            raise ThriftyError("only rank 0 writes and reads checkpoints through its manager")
+        return self.manager
 
     @property
     def preempted(self) -> bool:
-        return self._saves.preempted
+        return self._watch.requested
 
     def start(self) -> None:
         """The loop starts: the save interval counts from here, the preemption watch begins."""
-        self._saves.start(self.progress.step)
+        watcher, step = self._watch, self.progress.step
+        self.interval.saved(step)
+        watcher.step = watcher.saved_step = step  # a resumed step is saved
+        watcher.start()
 
     def due(self, step: int) -> bool:
         """Whether the interval asks for a save after optimizer step `step` (a clock read)."""
-        return self._saves.due(step)
+        self._watch.step = step  # what a forced stop would lose counts it
+        return self.interval.due(step)
+
+    def emergency_begins(self, step: int) -> None:
+        """The emergency checkpoint of step `step` is being made (its state gathered, then
+        written): a Ctrl-C now is told how many steps stopping at once would lose."""
+        watcher = self._watch
+        watcher.step = watcher.saving = step
 
     def save(self, *, emergency: bool = False, final: bool = False) -> float:
         """Checkpoint this step; returns the seconds training stood still for it.
@@ -194,7 +236,7 @@ class RunCheckpointer:
         return time.perf_counter() - start
 
     def _save(self, emergency: bool, final: bool) -> None:
-        saves, d, p = self._saves, self.dist, self.parts
+        d, p, watcher = self.dist, self.parts, self._watch
         step, metric = self.progress.step, self.progress.val_loss
         if self.config.guard.enabled and d.any_of(not state_is_finite(p.model, p.optimizer))[0]:
             log.error(
@@ -205,14 +247,14 @@ class RunCheckpointer:
             return
         shard_start = time.perf_counter()
         files, sharded = self.strategy.write_shards(
-            p.model, p.optimizer, lambda: saves.manager.begin(step)
+            p.model, p.optimizer, lambda: self._store.begin(step)
         )
         shard_seconds = time.perf_counter() - shard_start if files else 0.0
         rngs = d.gather(rng_state()) if d.enabled else None
         datas = d.gather(self._data_state()) if d.enabled else None
         self.newest_step = step
         if not d.is_main:
-            saves.saved(step)
+            self._saved(step)
             return
         state = self.state_dict()
         if rngs is not None:
@@ -222,23 +264,69 @@ class RunCheckpointer:
         if sharded is not None:
             state["sharded"] = sharded
         if emergency:
-            reason = None if saves.preempted else "a preemption notice on another rank"
-            saves.emergency_save(step, state, metric, files, reason=reason)
-        elif final:
-            saves.save_final(step, state, metric, files)
-        else:
-            saves.save(step, state, metric, files, shard_seconds)
+            other = None if watcher.requested else "a preemption notice on another rank"
+            self._emergency_save(step, state, metric, files, other or watcher.reason)
+            return
+        manager = self._store
+        manager.save(step, state, metric=metric, extra_files=files)
+        if final:  # written in the background: finish() waits
+            return
+        self._saved(step)
+        if self.interval.measuring:
+            manager.wait(uploads=False)  # once: the interval needs the full save time
+            self.interval.measured(
+                manager.last_stall_seconds + shard_seconds,
+                manager.last_save_seconds + shard_seconds,
+            )
+
+    def _saved(self, step: int) -> None:
+        self.interval.saved(step)
+        self._watch.saved_step = step
+
+    def _emergency_save(
+        self, step: int, state: dict[str, Any], metric: float | None, files: Any, reason: str
+    ) -> None:
+        """Save now and wait for it (and its upload) up to checkpoint.upload_deadline."""
+        manager, watcher, c = self._store, self._watch, self.config.checkpoint
+        log.warning("%s: saving an emergency checkpoint at step %d", reason, step)
+        self.emergency_begins(step)
+        manager.save(step, state, metric=metric, extra_files=files)
+        done = manager.wait(c.upload_deadline_seconds)
+        watcher.saving, watcher.saved_step = None, step
+        pending = manager.pending_uploads if done else [step]
+        if pending:
+            log.warning(
+                "upload of step(s) %s not confirmed within %s; the local copy in %s is kept",
+                pending,
+                c.upload_deadline,
+                manager.local_dir,
+            )
 
     def finish(self) -> dict[str, Any] | None:
-        """Wait for the saves in flight (and uploads, up to their deadline); where the newest
-        checkpoint is (rank 0), for the run's summary."""
-        self._saves.finish()
-        return self._saves.upload_status() if self.dist.is_main else None
+        """Wait for the saves in flight (and uploads, up to their deadline) and stop watching;
+        where the newest checkpoint is (rank 0), for the run's summary."""
+        watcher = self._watch
+        status = None
+        try:
+            if self.manager is not None:
+                status = finish_uploads(self.manager, self.config.checkpoint)
+        finally:
+            watcher.stop()
+        return status if self.dist.is_main else None
 
     def abandon(self) -> None:
-        """After an error: stop watching; a save in flight finishes on its own thread."""
-        if self.saves is not None:
-            self.saves.abandon()
+        """After an error: stop watching; a save in flight finishes on its own thread, unless
+        Ctrl-C forced the stop: then nothing is waited for (an unfinished checkpoint has no
+        manifest, and is never resumed from)."""
+        if self.watcher is None:
+            return
+        self.watcher.stop()
+        if self.manager is None or self.watcher.forced:
+            return
+        try:
+            self.manager.close(timeout=30)
+        except ThriftyError as exc:
+            log.warning("checkpoint error while stopping: %s", exc)
 
     # --- rollback ------------------------------------------------------------------------------
 
@@ -246,16 +334,16 @@ class RunCheckpointer:
         """Restore the model, optimizer moments and loss scale of the newest checkpoint from
         before step `before`; the counters, data position, schedule and random streams stay
         where the run is. Returns the checkpoint's step, or None when there is none."""
-        saves = self._saves
 
         def pick() -> tuple[int, str] | None:
-            saves.manager.wait()  # the save in flight
+            manager = self._store
+            manager.wait()  # the save in flight
             try:
-                info = saves.manager.latest(before=before)
+                info = manager.latest(before=before)
             except ThriftyError as exc:
                 log.warning("no checkpoint to roll back to: %s", exc)
                 return None
-            return None if info is None else (info.step, local_checkpoint_folder(saves, info))
+            return None if info is None else (info.step, local_checkpoint_folder(info))
 
         picked = self.dist.on_main(pick)
         if picked is None:
@@ -275,18 +363,16 @@ class RunCheckpointer:
     # --- state ---------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Model, optimizer, schedule, loss scaler, counters, data position, early stopping,
-        the guard, every RNG, and the config: tensors and plain values only (loadable
-        weights_only). Under FSDP the model and optimizer are in each rank's shards."""
+        """Model, optimizer, schedule, the `states` (loss scaler, early stopping, the guard,
+        counters), data position, every RNG, and the config: tensors and plain values only
+        (loadable weights_only). Under FSDP the model and optimizer are in each rank's shards."""
         p, layout = self.parts, self.layout
         state = self.strategy.full_state(p.model, p.optimizer)
+        state.update({name: part.state_dict() for name, part in self.states.items()})
         state.update(
+            state_version=STATE_VERSION,
             scheduler=p.scheduler.state_dict(),
             scheduler_kind=scheduler_kind(p.scheduler),
-            scaler=p.scaler.state_dict(),
-            early_stopping=p.early_stopping.state_dict(),
-            guard=p.guard.state_dict(),
-            progress=self.progress.state_dict(),
             rng=rng_state(),
             data=self._data_state(),
             shuffle=SHUFFLE,
@@ -299,21 +385,14 @@ class RunCheckpointer:
         return state
 
     def load_state_dict(self, state: dict[str, Any], *, shards: str | None = None) -> None:
-        """Restore a `state_dict()`; refuses one written for another model, batch or layout.
-        `shards`: the checkpoint folder whose shards hold the model and optimizer (FSDP)."""
-        p, layout, d = self.parts, self.layout, self.dist
-        needed = self.strategy.state_keys()
-        needed += ["scheduler", "scaler", "early_stopping", "progress", "rng", "effective_batch"]
-        missing = [key for key in needed if key not in state]
-        if missing:
-            raise ThriftyError(
-                f"the checkpoint holds no {', '.join(missing)} (it has: "
-                f"{', '.join(sorted(map(str, state))) or 'nothing'}): it is not a thrifty "
-                "training checkpoint; resume from a folder a Trainer wrote, or load the weights "
-                "yourself with model.load_state_dict"
-            )
+        """Restore a `state_dict()` (of this version or an older one); refuses one written for
+        another model, batch or layout. `shards`: the checkpoint folder whose shards hold the
+        model and optimizer (FSDP)."""
+        p, layout = self.parts, self.layout
+        check_thrifty_state(state, self.strategy.state_keys())
+        state = upgrade_state(state, accumulation=layout.accumulation)
         self.strategy.check_resumable(state)
-        check_effective_kept(state, layout.effective_batch, d.world_size, self.config.batch)
+        check_effective_kept(state, layout.effective_batch, self.dist.world_size, self.config.batch)
         # Refused even with run.allow_config_change: the data position cannot follow another
         # effective batch. Checked first, so its message is the one the user sees.
         check_compatible({}, {}, state["effective_batch"], layout.effective_batch)
@@ -321,10 +400,10 @@ class RunCheckpointer:
         # need run.allow_config_change. A larger budget keeps the schedule's horizon; the new
         # scheduler is built before the optimizer's state is loaded, as building one resets lr.
         current = self.config.to_dict(secrets=False)
-        saved_config = state.get("config")
-        changes = check_resume_changes(saved_config, current, self.config.run.allow_config_change)
+        allow = self.config.run.allow_config_change
+        changes = check_resume_changes(state["config"], current, allow)
         self.resume_changes = changes
-        horizon = resume_horizon(saved_config, current, layout.steps_per_epoch)
+        horizon = resume_horizon(state["config"], current, layout.steps_per_epoch)
         if self._make_scheduler is not None and horizon != self.horizon:  # None: a user's
             self.horizon = horizon
             p.scheduler = self._make_scheduler(horizon)
@@ -335,35 +414,28 @@ class RunCheckpointer:
             p.model, p.optimizer, state, shards, optimizer_state=changes.keeps_optimizer_state
         )
         # With changes, the checkpoint's lr, betas, ... would override this run's.
-        allow = self.config.run.allow_config_change
         restore_scheduler(p.scheduler, state, settings, changes, allow)
-        if state["scaler"]:  # a bf16/fp32 checkpoint has no loss scale for an fp16 resume
-            p.scaler.load_state_dict(state["scaler"])
-        p.early_stopping.load_state_dict(state["early_stopping"])
-        if "guard" in state:  # checkpoints before the guard have none
-            p.guard.load_state_dict(state["guard"])
-        self.progress.load_state_dict(state["progress"])
+        for name, part in self.states.items():
+            # An empty state leaves the part as built: a bf16 run's loss scaler, the guard
+            # of a checkpoint from before it.
+            if state[name]:
+                part.load_state_dict(state[name])
         self.newest_step = self.progress.step
-        saved_accumulation = state.get("accumulation", layout.accumulation)
-        if saved_accumulation != layout.accumulation:  # another world size: same windows
-            windows = self.progress.batch_in_epoch // saved_accumulation
+        if state["accumulation"] != layout.accumulation:  # another world size: same windows
+            windows = self.progress.batch_in_epoch // state["accumulation"]
             self.progress.batch_in_epoch = windows * layout.accumulation
         self._load_data_state(state)
-        shuffled = self.parts.data is not None and self.parts.data.thrifty_shuffles
-        if shuffled and self.progress.batch_in_epoch and state.get("shuffle") != SHUFFLE:
+        shuffled = p.data is not None and p.data.thrifty_shuffles
+        if shuffled and self.progress.batch_in_epoch and state["shuffle"] != SHUFFLE:
             log.warning(
                 "the checkpoint was written with another epoch order (%s, now %s): the rest of "
                 "epoch %d follows this one, so some of its samples may repeat and others be left "
                 "out; the epochs after it are whole",
-                state.get("shuffle", "randperm"),
+                state["shuffle"],
                 SHUFFLE,
                 self.progress.epoch,
             )
-        rngs = state.get("rank_rng") or [state["rng"]]
-        if d.rank < len(rngs):
-            set_rng_state(rngs[d.rank])
-        else:  # a rank the saved job did not have (a larger world size)
-            seed_everything(self.config.run.seed + d.rank + 1_000_003 * self.progress.step)
+        self._load_rng_state(state)
 
     def _data_state(self) -> Any:
         data = self.parts.data
@@ -373,7 +445,7 @@ class RunCheckpointer:
         """This rank's data state, where the training data keeps one (a stream, a stateful
         loader, your sampler)."""
         data = self.parts.data
-        datas = state.get("rank_data") or [state.get("data")]
+        datas = state.get("rank_data") or [state["data"]]
         if data is None or all(x is None for x in datas):
             return
         if self.dist.rank < len(datas) and len(datas) == self.dist.world_size:
@@ -386,125 +458,20 @@ class RunCheckpointer:
                 self.dist.world_size,
             )
 
+    def _load_rng_state(self, state: dict[str, Any]) -> None:
+        """This rank's random streams; a rank the saved job did not have (a larger world size)
+        gets its own seed."""
+        d = self.dist
+        rngs = state.get("rank_rng") or [state["rng"]]
+        if d.rank < len(rngs):
+            set_rng_state(rngs[d.rank])
+        else:
+            seed_everything(self.config.run.seed + d.rank + 1_000_003 * self.progress.step)
+
     def _check_model(self, state: dict[str, Any], folder: str | None) -> None:
         check_compatible(
             self.strategy.saved_shapes(state, folder),
             shapes(self.parts.model.state_dict()),
             state["effective_batch"],
             self.layout.effective_batch,
-        )
-
-
-# --- checks ----------------------------------------------------------------------------------
-
-
-def check_compatible(
-    saved: Mapping[str, tuple[int, ...]],
-    current: Mapping[str, tuple[int, ...]],
-    saved_effective_batch: int,
-    effective_batch: int,
-) -> None:
-    """Raise a one-line error saying what differs between a checkpoint's model (parameter
-    shapes by name) and effective batch and this run's."""
-    fix = "resume with the config that wrote it, or start fresh with another --out"
-    for key in sorted(set(saved) | set(current)):
-        if key not in current or key not in saved:
-            where = "only in the checkpoint" if key in saved else "only in this model"
-            raise ConfigError(
-                f"the checkpoint is for another model: parameter {key} is {where}: {fix}"
-            )
-        if saved[key] != current[key]:
-            raise ConfigError(
-                f"the checkpoint is for another model: {key} is {saved[key]} there and "
-                f"{current[key]} here: {fix}"
-            )
-    if saved_effective_batch != effective_batch:
-        raise ConfigError(
-            f"the checkpoint was trained with an effective batch of {saved_effective_batch}, this "
-            f"run has {effective_batch}: resuming would change the optimization; {fix}"
-        )
-
-
-def state_is_finite(model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
-    """Whether this rank's weights and optimizer state are all finite: one host sync, at a
-    save only."""
-    tensors = [p.detach() for p in model.parameters()]
-    tensors += [
-        v
-        for per_param in optimizer.state.values()
-        for v in per_param.values()
-        if isinstance(v, torch.Tensor) and v.is_floating_point()
-    ]
-    local = [getattr(t, "to_local", lambda t=t: t)() for t in tensors]  # FSDP: the shard
-    local = [t for t in local if t.numel()]
-    if not local:
-        return True
-    # The largest magnitude of each tensor, in one multi-tensor pass: NaN or inf exactly when
-    # the tensor holds one (a 2-norm could overflow on large finite values).
-    peaks = torch._foreach_norm(local, ord=float("inf"))
-    return bool(torch.isfinite(torch.stack([p.float() for p in peaks])).all())
-
-
-# --- a checkpoint folder every rank reads ------------------------------------------------------
-
-
-def local_checkpoint_folder(saves: SpotGuard, ref: Any) -> str:
-    """On rank 0: the verified local folder of the checkpoint `ref` points at, for every rank
-    to read. A URL must be resumed through checkpoint.location (downloaded into local_dir)."""
-    from thrifty.checkpoint import CheckpointInfo
-    from thrifty.checkpoint.loading import verified_folder
-    from thrifty.checkpoint.storage import is_remote, redact
-
-    if isinstance(ref, CheckpointInfo):
-        assert ref.path is not None
-        return ref.path
-    if is_remote(ref):
-        raise ConfigError(
-            f"checkpoint.resume = {redact(ref)} cannot be read by several processes: set "
-            "checkpoint.location to the run's checkpoint URL and checkpoint.resume = auto"
-        )
-    return verified_folder(ref)[0]
-
-
-def read_checkpoint_folder(d: Distributed, folder: str) -> dict[str, Any]:
-    """Every rank loads the plain state of a checkpoint folder rank 0 has verified."""
-    from thrifty.checkpoint.loading import load_state
-    from thrifty.checkpoint.manifest import read_manifest
-
-    manifest = read_manifest(folder, where=folder) if os.path.isdir(folder) else None
-    if d.any_of(manifest is None)[0]:
-        raise ConfigError(
-            f"checkpoint {folder} is not visible from every rank: put checkpoint.location (or "
-            "checkpoint.local_dir, for a URL) on storage that every node mounts"
-        )
-    assert manifest is not None
-    return load_state(folder, manifest, where=folder)
-
-
-def check_visible(d: Distributed, local_dir: str) -> None:
-    """Collective: raise on every rank unless rank 0's checkpoint folder is visible to all.
-
-    Rank 0 writes a probe file there and every rank looks for it; without a shared folder a
-    resume would find shards or states on one node only.
-    """
-    import torch.distributed as dist
-
-    probe: list[str | None] = [None]
-    if d.is_main:
-        os.makedirs(local_dir, exist_ok=True)
-        mine = os.path.join(local_dir, f".thrifty-probe-{uuid.uuid4().hex}")
-        with open(mine, "w"):
-            pass
-        probe[0] = mine
-    dist.broadcast_object_list(probe, src=0, group=d.control)
-    path = probe[0]
-    assert path is not None
-    unseen = d.sum_ints([int(not os.path.exists(path))])[0]
-    if d.is_main:
-        os.remove(path)
-    if unseen:
-        raise ConfigError(
-            f"{unseen} rank(s) cannot see the checkpoint folder {os.path.dirname(path)}: put "
-            "checkpoint.location (or checkpoint.local_dir, for a URL) on storage every node "
-            "mounts"
         )

@@ -3,8 +3,11 @@
 `GuardConfig` is the `[guard]` section. `NonFiniteCounter` counts consecutive non-finite steps
 (the Trainer skips them) and says when the run has diverged. `SpikeDetector` watches the
 training loss and confirms a spike when it stays far above its recent level for a few steps in a
-row; the Trainer then rolls back to the newest good checkpoint. The forecast keys configure
-`thrifty.run.forecast.cannot_reach`, which reads `early_stopping.target` (validated by
+row; the Trainer then rolls back to the newest good checkpoint. `RunGuard` runs them as a list
+of `Detector`s (`DivergenceDetector`, `LossSpikeDetector`), each judging every step logged, and
+hands the run the most severe verdict: a new fault check is one more detector. The forecast
+keys configure `thrifty.run.forecast.cannot_reach`, which judges the evaluations (not the
+steps: `RunWatch` asks it after each one) and reads `early_stopping.target` (validated by
 `check_target`).
 
 Everything here is plain Python: importing it (through the config) stays cheap.
@@ -197,24 +200,129 @@ def scale_learning_rate(scheduler: Any, factor: float) -> None:
 
 @dataclass
 class Verdict:
-    """What the guard makes of the steps just flushed."""
+    """What the guard makes of the steps just flushed; from one detector, what it found at one
+    step (`diverged` or `spike_start`)."""
 
     skipped: int = 0  # steps newly skipped (the schedule is set back by as many)
     diverged: str | None = None  # why the run must stop as diverged
     spike_start: int | None = None  # a confirmed spike began at this step: roll back
 
+    @property
+    def severity(self) -> int:
+        """Which verdict wins when detectors disagree on a step: stopping the run as diverged
+        (2), over rolling back a spike (1), over carrying on (0)."""
+        return 2 if self.diverged is not None else 1 if self.spike_start is not None else 0
+
+
+class Detector:
+    """One check of the run guard, judging each step the run logged. A new fault check is a
+    subclass added to `RunGuard.detectors`; the base class checks nothing and keeps no state.
+
+    `observe` runs once per step, at the metrics flush (the loss is on the host by then): keep
+    it cheap. A verdict with `diverged` stops the run as diverged (its text is the reason the
+    summary gives); one with `spike_start` rolls the run back to before that step.
+    """
+
+    def observe(self, step: int, loss: float, skipped: bool) -> Verdict | None:
+        """Judge optimizer step `step`: its training loss (the mean over the ranks) and whether
+        it was `skipped` (its loss or gradients were not finite, so it was not applied; `loss`
+        may then be NaN or inf). None: nothing to act on."""
+        return None
+
+    @property
+    def suspect(self) -> bool:
+        """Something is building that a later step may confirm: no checkpoint now."""
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        """This detector's part of the guard's checkpointed state: top-level keys of it,
+        unique among the detectors; plain values only (loaded with `weights_only=True`)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from the guard's whole state. A detector added after the checkpoint was
+        written finds none of its keys there: it then keeps its fresh state."""
+
+
+class DivergenceDetector(Detector):
+    """Too many non-finite steps in a row (`NonFiniteCounter`): the run has diverged. Its
+    state keys, "nonfinite" and "last_finite", are those of checkpoints written before the
+    detectors."""
+
+    def __init__(self, max_skipped: int) -> None:
+        self.counter = NonFiniteCounter(max_skipped)
+        self.last_finite: tuple[int, float] | None = None  # (step, loss)
+
+    def observe(self, step: int, loss: float, skipped: bool) -> Verdict | None:
+        if not skipped:
+            self.counter.consecutive = 0  # `counter.update(True)`, without a call per step
+            self.last_finite = (step, loss)
+            return None
+        if not self.counter.update(False):
+            return None
+        last = (
+            f"the last finite loss was {self.last_finite[1]:.4g} at step {self.last_finite[0]}"
+            if self.last_finite
+            else "no step had a finite loss"
+        )
+        return Verdict(
+            diverged=f"{self.counter.consecutive} steps in a row up to step {step} had a "
+            f"non-finite loss or gradient (guard.max_skipped = {self.counter.max_skipped}); "
+            f"{last}"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "nonfinite": self.counter.state_dict(),
+            "last_finite": list(self.last_finite) if self.last_finite else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.counter.load_state_dict(state["nonfinite"])
+        last = state.get("last_finite")
+        self.last_finite = (int(last[0]), float(last[1])) if last else None
+
+
+class LossSpikeDetector(Detector):
+    """A confirmed loss spike (`SpikeDetector`, fed the applied steps only): roll back to
+    before the step it began at. Its state key is "spikes"."""
+
+    def __init__(self, config: GuardConfig) -> None:
+        self.spikes = SpikeDetector.from_config(config)
+
+    def observe(self, step: int, loss: float, skipped: bool) -> Verdict | None:
+        if skipped or not self.spikes.update(loss):
+            return None
+        return Verdict(spike_start=step - self.spikes.steps + 1)
+
+    @property
+    def suspect(self) -> bool:
+        return bool(self.spikes.pending)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"spikes": self.spikes.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.spikes.load_state_dict(state["spikes"])
+
 
 class RunGuard:
-    """The run's guard against waste: counts skipped steps, watches for loss spikes, keeps
-    the rollbacks and the forecast. Fed the steps' records when the metrics are flushed
-    (their losses are on the host by then: no extra synchronization)."""
+    """The run's guard against waste: its detectors judge each step (non-finite steps in a
+    row, loss spikes), and it keeps the rollbacks and the forecast. Fed the steps' records
+    when the metrics are flushed (their losses are on the host by then: no extra
+    synchronization).
+
+    `detectors` is the list of checks, `DivergenceDetector` and `LossSpikeDetector` by
+    default; every detector sees every step, and where several have a verdict on the same
+    step the most severe (`Verdict.severity`) is the guard's. A new check is one `Detector`
+    appended to the list.
+    """
 
     def __init__(self, config: GuardConfig) -> None:
         self.config = config
-        self.nonfinite = NonFiniteCounter(config.max_skipped)
-        self.spikes = SpikeDetector.from_config(config)
+        self.divergence = DivergenceDetector(config.max_skipped)  # it counts the skipped steps
+        self.detectors: list[Detector] = [self.divergence, LossSpikeDetector(config)]
         self.rollbacks: list[dict[str, Any]] = []
-        self.last_finite: tuple[int, float] | None = None  # (step, loss)
         self.forecast: dict[str, Any] | None = None  # the latest forecast, for the summary
         self.stopped: str | None = None  # why the run stopped as diverged
         self.observed_step = 0  # steps up to here are counted: a step seen twice counts once
@@ -222,12 +330,15 @@ class RunGuard:
     @property
     def suspect(self) -> bool:
         """A spike is building (not yet confirmed): no checkpoint should be written now."""
-        return bool(self.spikes.pending)
+        return any(detector.suspect for detector in self.detectors)
 
     def observe(self, records: list[dict[str, Any]]) -> Verdict:
+        """Judge the steps flushed, in order, up to the first one with a verdict (the steps
+        after it are judged again at the next flush, once the run has acted on it)."""
         verdict = Verdict()
         if not self.config.enabled:
             return verdict
+        detectors = self.detectors
         for record in records:
             step, loss = record["step"], record["loss"]
             if step <= self.observed_step:
@@ -235,54 +346,50 @@ class RunGuard:
             self.observed_step = step
             # A non-finite loss (averaged over the ranks, so every rank agrees) is a skipped
             # step too: under fp16 the loss scaler is what left it out.
-            if record.get("skipped") or not math.isfinite(loss):
+            skipped = True if record.get("skipped") else not math.isfinite(loss)
+            if skipped:
                 verdict.skipped += 1
-                if self.nonfinite.update(False):
-                    last = (
-                        f"the last finite loss was {self.last_finite[1]:.4g} at step "
-                        f"{self.last_finite[0]}"
-                        if self.last_finite
-                        else "no step had a finite loss"
-                    )
-                    verdict.diverged = (
-                        f"{self.nonfinite.consecutive} steps in a row up to step {step} had a "
-                        f"non-finite loss or gradient (guard.max_skipped = "
-                        f"{self.config.max_skipped}); {last}"
-                    )
-                    return verdict
-                continue
-            self.nonfinite.update(True)
-            if not math.isfinite(loss):
-                continue
-            self.last_finite = (step, loss)
-            if self.spikes.update(loss):
-                verdict.spike_start = step - self.config.spike_steps + 1
+            found: Verdict | None = None
+            for detector in detectors:
+                seen = detector.observe(step, loss, skipped)
+                if seen is not None and (found is None or seen.severity > found.severity):
+                    found = seen
+            if found is not None:
+                verdict.diverged, verdict.spike_start = found.diverged, found.spike_start
                 return verdict
         return verdict
 
     def summary(self) -> dict[str, Any]:
         return {
-            "skipped_steps": self.nonfinite.skipped,
+            "skipped_steps": self.divergence.counter.skipped,
             "rollbacks": list(self.rollbacks),
             "forecast": self.forecast,
             "diverged": self.stopped,
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "nonfinite": self.nonfinite.state_dict(),
-            "spikes": self.spikes.state_dict(),
+        """The rollbacks, the last step observed, and each detector's keys (for the built-in
+        ones: "nonfinite", "last_finite", "spikes", as before the detectors)."""
+        state: dict[str, Any] = {
             "rollbacks": [dict(r) for r in self.rollbacks],
-            "last_finite": list(self.last_finite) if self.last_finite else None,
             "observed_step": self.observed_step,
         }
+        for detector in self.detectors:
+            part = detector.state_dict()
+            clash = state.keys() & part.keys()
+            if clash:
+                raise ValueError(
+                    f"guard detector {type(detector).__name__} saves state under "
+                    f"{sorted(clash)}, which another part of the guard's state uses: give its "
+                    "keys names of their own"
+                )
+            state.update(part)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.nonfinite.load_state_dict(state["nonfinite"])
-        self.spikes.load_state_dict(state["spikes"])
+        for detector in self.detectors:
+            detector.load_state_dict(state)
         self.rollbacks = [dict(r) for r in state["rollbacks"]]
-        last = state.get("last_finite")
-        self.last_finite = (int(last[0]), float(last[1])) if last else None
         self.observed_step = int(state.get("observed_step", 0))
 
 

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from thrifty.checkpoint import CheckpointInfo
+from thrifty.checkpoint import CheckpointInfo, CheckpointManager
 from thrifty.config import CheckpointConfig, TrainConfig
 from thrifty.errors import RunAlreadyFinished, ThriftyError
 from thrifty.measure.cost import LostWork, lost_work
 from thrifty.measure.loggers import build_loggers, require_packages
 from thrifty.records.directory import MetricsLog, default_run_dir, prepare_run_dir, truncate_metrics
+from thrifty.records.stop import StopReason
 from thrifty.run.config_changes import (
     Change,
     ResumeChanges,
@@ -33,18 +34,19 @@ from thrifty.run.config_changes import (
 )
 from thrifty.run.lock import RunLock
 from thrifty.run.ownership import check_run_dir, checkpoint_folder, remove_checkpoints
-from thrifty.run.saves import SpotGuard
+from thrifty.run.saves import describe, make_manager, resume_point
 
 log = logging.getLogger("thrifty")
 
 
 @dataclass
 class Claimed:
-    """A run directory this process now holds: where, its lock and saves, what to resume."""
+    """A run directory this process now holds: where, its lock and checkpoint store, what to
+    resume."""
 
     run_dir: Path
     lock: RunLock
-    saves: SpotGuard
+    manager: CheckpointManager
     resume: CheckpointInfo | str | None  # the checkpoint to load, or None: step 0
     why: str  # how `resume` was chosen, for the log
     extending: bool = False  # a finished run trained further with a larger budget
@@ -85,12 +87,12 @@ def _claim(config: TrainConfig, interface: str, run_dir: Path, lock: RunLock) ->
     if extending:
         grew = _finished_run(config, interface, run_dir)
         log.info("extending the finished run: %s", ", ".join(g.describe() for g in grew))
-    saves = SpotGuard(c, config.spot, run_dir)
-    saves.probe()  # a read-only dir, a file, a missing bucket: fail before step 1
-    ref, why = (None, "overwrite") if r.overwrite else saves.resume_point()
-    if ref is None and not r.overwrite and saves.has_checkpoints():
+    manager = make_manager(c, run_dir)
+    manager.probe()  # a read-only dir, a file, a missing bucket: fail before step 1
+    ref, why = (None, "overwrite") if r.overwrite else resume_point(c, manager)
+    if ref is None and not r.overwrite and manager.has_checkpoints():
         raise ThriftyError(
-            f"{saves.manager.location} holds checkpoints and checkpoint.resume = never: "
+            f"{manager.location} holds checkpoints and checkpoint.resume = never: "
             + choices(interface, "another", "start over")
         )
     if ref is None and r.overwrite:
@@ -106,7 +108,7 @@ def _claim(config: TrainConfig, interface: str, run_dir: Path, lock: RunLock) ->
         )
         restart = True
     run_dir = prepare_run_dir(run_dir, r.overwrite or restart, resuming=ref is not None)
-    return Claimed(run_dir, lock, saves, ref, why, extending)
+    return Claimed(run_dir, lock, manager, ref, why, extending)
 
 
 def _finished_run(config: TrainConfig, interface: str, run_dir: Path) -> list[Change]:
@@ -122,7 +124,7 @@ def _finished_run(config: TrainConfig, interface: str, run_dir: Path) -> list[Ch
     summary = _read_summary(run_dir)
     if (
         saved is not None
-        and summary.get("stop_reason") != "diverged"
+        and summary.get("stop_reason") != StopReason.DIVERGED
         and same_config(saved, current)
     ):
         raise RunAlreadyFinished(_done_message(run_dir, summary, interface), run_dir, summary)
@@ -209,5 +211,5 @@ def record_opening(
     if applied is not None:
         log.info(applied)
         metrics_log.write([{"step": step, **changes.event()}])
-    log.info(claimed.saves.describe())
+    log.info(describe(config.checkpoint, claimed.manager.location))
     return metrics_log

@@ -13,14 +13,13 @@ import torch
 from thrifty.config import TrainConfig
 from thrifty.measure.monitor import RunMonitor
 from thrifty.records.budget import Budget
+from thrifty.records.stop import EARLY_STOPS, StopReason
 from thrifty.run.checkpointer import RunCheckpointer
 from thrifty.run.forecast import cannot_reach
 from thrifty.run.guard import rewind_schedule, scale_learning_rate
 from thrifty.strategies.process_group import Distributed
 
 log = logging.getLogger("thrifty")
-
-EARLY_STOPS = ("early_stopping", "forecast", "diverged")
 
 
 class RunWatch:
@@ -47,9 +46,9 @@ class RunWatch:
 
     # --- after an evaluation -------------------------------------------------------------------
 
-    def evaluated(self, val_loss: float | None) -> str | None:
-        """Record an evaluation, feed early stopping and the forecast; "early_stopping" or
-        "forecast" when the run should end here."""
+    def evaluated(self, val_loss: float | None) -> StopReason | None:
+        """Record an evaluation, feed early stopping and the forecast; EARLY_STOPPING or
+        FORECAST when the run should end here (early stopping first: `StopReason` order)."""
         s = self.progress
         s.eval_pending = False
         s.val_loss = val_loss
@@ -60,11 +59,11 @@ class RunWatch:
             s.val_steps.append(s.step)
             s.val_losses.append(val_loss)
         if self.parts.early_stopping.update(val_loss):
-            return "early_stopping"
+            return StopReason.EARLY_STOPPING
         return self._forecast()
 
-    def _forecast(self) -> str | None:
-        """With early_stopping.target: "forecast" once the validation curve, fitted and
+    def _forecast(self) -> StopReason | None:
+        """With early_stopping.target: FORECAST once the validation curve, fitted and
         extended to the end of the budget with its band, cannot reach the target."""
         g, target, s = self.config.guard, self.config.early_stopping.target, self.progress
         end = self.budget.end_step(s)
@@ -93,7 +92,7 @@ class RunWatch:
         if not decision:
             return None
         log.warning("forecast: %s: stopping", decision.reason)
-        return "forecast"
+        return StopReason.FORECAST
 
     # --- the guard's verdict on the steps logged -----------------------------------------------
 
@@ -105,10 +104,12 @@ class RunWatch:
         flag = bool(skipped) if skipped is not None else None
         return {"step": self.progress.step, "loss": float(mean), "skipped": flag}
 
-    def flush(self, monitor: RunMonitor, current: dict[str, Any] | None = None) -> str | None:
+    def flush(
+        self, monitor: RunMonitor, current: dict[str, Any] | None = None
+    ) -> StopReason | None:
         """Write the buffered steps and let the run guard judge them (and `current`, this
         step's record when a save follows): the schedule is set back for skipped steps, a
-        confirmed loss spike rolled back. Returns "diverged" or None."""
+        confirmed loss spike rolled back. Returns DIVERGED or None."""
         s = self.progress
         records = monitor.flush(s.seconds, s.samples, s.tokens)
         verdict = self.parts.guard.observe(records + ([current] if current else []))
@@ -124,13 +125,13 @@ class RunWatch:
         """A loss spike is building: no interval save until it is judged."""
         return bool(self.parts.guard.suspect)
 
-    def _diverged(self, why: str) -> str:
+    def _diverged(self, why: str) -> StopReason:
         self.parts.guard.stopped = why
         log.error("diverged: %s; the newest checkpoint is the last good state", why)
         self.log_event(event="diverged", why=why)
-        return "diverged"
+        return StopReason.DIVERGED
 
-    def _roll_back(self, monitor: RunMonitor, spike_start: int) -> str | None:
+    def _roll_back(self, monitor: RunMonitor, spike_start: int) -> StopReason | None:
         """Back to the weights of the newest checkpoint from before `spike_start`; the data
         position (the windows seen since are skipped) and the schedule's stay. Past
         guard.max_rollbacks the run stops as diverged."""

@@ -39,7 +39,7 @@ from thrifty.commands.chaos.kills import Kill, plan_kills
 from thrifty.commands.chaos.report import print_report
 from thrifty.commands.chaos.runner import Attempt, run_both
 from thrifty.commands.training import add_set_option
-from thrifty.console import prepare_out, refuse_file
+from thrifty.console import add_output_options, prepare_out, refuse_file
 from thrifty.errors import ThriftyError
 
 __all__ = [
@@ -95,11 +95,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     chaos.add_argument("--steps", type=int, metavar="N", help="optimizer steps (run.max_steps)")
     add_set_option(chaos)
-    chaos.add_argument(
-        "--out", metavar="DIR", help="where both runs go (default runs/chaos-<run.name>)"
-    )
-    chaos.add_argument(
-        "--overwrite", action="store_true", help="replace the runs of an earlier chaos in --out"
+    add_output_options(
+        chaos,
+        out="where both runs go (default runs/chaos-<run.name>)",
+        overwrite="replace the runs of an earlier chaos in --out",
+        json=True,
     )
     chaos.add_argument(
         "--timeout",
@@ -108,7 +108,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the longest one training process may run (default: 1 h for the "
         "reference run; 3 × its wall time + 60 s for each resumed attempt)",
     )
-    chaos.add_argument("--json", action="store_true", help="print the report as JSON")
     chaos.set_defaults(handler=run_chaos)
 
 

@@ -250,19 +250,17 @@ def _run_count_checks() -> list[Check]:
             f"12 x {fmt_dollars(p['monthly_before'])} = {fmt_dollars(12 * p['monthly_before'])}",
             p["annual_before"] == 12 * p["monthly_before"],
         ),
-        _check(
-            f"annual before = {runs} runs x cost per run",
-            fmt_dollars(p["annual_before"]),
-            f"{runs} x {fmt_dollars(p['on_demand_per_run'])} = "
-            f"{fmt_dollars(runs * p['on_demand_per_run'])}",
-            p["annual_before"] == runs * p["on_demand_per_run"],
-        ),
-        _check(
-            f"annual after = {runs} runs x cost per run",
-            fmt_dollars(p["annual_after"]),
-            f"{runs} x {fmt_dollars(p['per_run_after'])} = "
-            f"{fmt_dollars(runs * p['per_run_after'])}",
-            p["annual_after"] == runs * p["per_run_after"],
+        *(
+            _check(
+                f"annual {when} = {runs} runs x cost per run",
+                fmt_dollars(p[annual]),
+                f"{runs} x {fmt_dollars(p[per_run])} = {fmt_dollars(runs * p[per_run])}",
+                p[annual] == runs * p[per_run],
+            )
+            for when, annual, per_run in (
+                ("before", "annual_before", "on_demand_per_run"),
+                ("after", "annual_after", "per_run_after"),
+            )
         ),
         _check(
             "annual saving",
