@@ -32,6 +32,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
+from thrifty.errors import ThriftyError
+
 
 def _stat_fields(pid: int) -> list[str]:
     """/proc/<pid>/stat from field 3 (the state) on; empty where there is no such file."""
@@ -173,3 +175,11 @@ class Holder:
         if other.host == self.host:  # here a live process is certainly live
             return "which ended" if other.gone() else None
         return self.replaced(other)
+
+
+LOCK_FILE = ".thrifty.lock"  # a run directory's lock file
+LEASE_FILE = ".thrifty-lease.json"  # an object-store location's lease
+
+
+class RunInUseError(ThriftyError):
+    """Another process holds the run directory or checkpoint location; the message names it."""

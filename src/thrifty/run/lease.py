@@ -8,14 +8,16 @@ races this leaves). Loaded only for a checkpoint location that is a URL.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 from thrifty.errors import ThriftyError
-from thrifty.run.holder import Holder
-from thrifty.run.lock import LEASE_FILE, RunInUseError, log
+from thrifty.run.holder import LEASE_FILE, Holder, RunInUseError
+
+log = logging.getLogger("thrifty.run.lock")
 
 
 class Lease:

@@ -41,7 +41,15 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from thrifty.errors import ThriftyError
-from thrifty.run.holder import Holder, boot_id, pid_alive, process_start
+from thrifty.run.holder import (
+    LEASE_FILE,
+    LOCK_FILE,
+    Holder,
+    RunInUseError,
+    boot_id,
+    pid_alive,
+    process_start,
+)
 
 __all__ = [
     "DEFAULT_TTL_SECONDS",
@@ -57,8 +65,6 @@ __all__ = [
 
 log = logging.getLogger("thrifty.run.lock")
 
-LOCK_FILE = ".thrifty.lock"
-LEASE_FILE = ".thrifty-lease.json"
 # A lease lapses this long after its holder's last renewal: how long a machine that died without
 # notice blocks another job (a relaunch of its own job takes over at once).
 DEFAULT_TTL_SECONDS = 60.0
@@ -69,10 +75,6 @@ SETTLE_SECONDS = 1.0
 STALE_WAIT_SECONDS = 10.0
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # as checkpoint.storage.is_remote, unimported
-
-
-class RunInUseError(ThriftyError):
-    """Another process holds the run directory or checkpoint location; the message names it."""
 
 
 class _Part(Protocol):

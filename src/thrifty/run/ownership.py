@@ -34,7 +34,7 @@ from thrifty.own_files import (
     is_own_metrics,
     is_own_report,
 )
-from thrifty.run.lock import LEASE_FILE, LOCK_FILE
+from thrifty.run.holder import LEASE_FILE, LOCK_FILE
 
 _SAVE = re.compile(r"^step-\d+$")  # thrifty.checkpoint.manifest.step_dir's names
 # What else thrifty leaves in a checkpoint folder: its write test, its lock and lease.
