@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,19 @@ def out_of_memory() -> torch.nn.Module:
     return OutOfMemory()
 
 
+class WaitsPerForward(Net):
+    """Each forward waits 20 ms, a fixed cost per micro-batch (and no CPU's: a busy machine
+    slows it little): 8 times the micro-batch, nearly 8 times the samples per second."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.02)
+        return super().forward(x)
+
+
+def waits_per_forward() -> torch.nn.Module:
+    return WaitsPerForward()
+
+
 # --------------------------------------------------------------------------------------------
 # Fixtures and fakes
 
@@ -135,6 +150,11 @@ class FakeTrials:
 
     def clock(self) -> float:
         return self.now
+
+    @property
+    def trials(self) -> list[Candidate]:
+        """The screening trials run, without the paired comparisons' runs (NAME.a0, ...)."""
+        return [c for c in self.calls if "." not in c.name]
 
     def __call__(self, candidate: Candidate, deadline: float):
         self.calls.append(candidate)
@@ -212,7 +232,7 @@ def test_each_stage_starts_from_the_best_setting_so_far():
     )
     fake = FakeTrials(rate=rate)
     outcome = search(fake).run()
-    assert [c.stage for c in fake.calls] == [
+    assert [c.stage for c in fake.trials] == [
         "baseline",
         "workers",
         "precision",
@@ -220,8 +240,25 @@ def test_each_stage_starts_from_the_best_setting_so_far():
         "compile",
         "compile",
     ]
-    compiled = fake.calls[-2].setting
+    compiled = fake.trials[-2].setting
     assert (compiled.precision, compiled.micro, compiled.num_workers) == ("bf16", 16, 2)
+    # Each stage's best beat the incumbent in its trial, then in alternating runs, and the
+    # winner was re-measured against the config as given.
+    decided = [(c.stage, c.decision, round(c.estimate.ratio, 4)) for c in outcome.comparisons]
+    assert decided == [
+        ("workers", "kept", 1.1),
+        ("precision", "kept", 2.0),
+        ("micro", "kept", 1.5),
+        ("compile", "kept", 1.2),
+        ("final", "kept", round(1.1 * 2.0 * 1.5 * 1.2, 4)),
+    ]
+    assert [c.name for c in outcome.comparisons[1].blocks] == [
+        "02-precision.a0",
+        "02-precision.b1",
+        "02-precision.a1",
+        "02-precision.b2",
+        "02-precision.a2",
+    ]
     assert outcome.winner is outcome.trials[-2]
     assert outcome.winner.resolved.compile == "default"
     assert [t.stage for t in outcome.path] == [
@@ -258,7 +295,7 @@ def test_heavier_checkpointing_is_tried_when_it_makes_room_for_a_larger_micro_ba
     rate = faster(micro={16: 2.0}, checkpointing={"every_other": 0.8})
     fake = FakeTrials(rate=rate, fits={"off": 4, "every_other": 16, "all": 16})
     outcome = search(fake, levers=("micro", "checkpointing")).run()
-    tried = [(c.setting.checkpointing, c.setting.micro) for c in fake.calls[1:]]
+    tried = [(c.setting.checkpointing, c.setting.micro) for c in fake.trials[1:]]
     assert tried == [("off", AUTO), ("every_other", AUTO)]
     assert outcome.winner.resolved.checkpointing == "every_other"
     assert outcome.winner.micro_batch == 16
@@ -364,7 +401,9 @@ def test_the_table_and_json_show_each_trial_with_its_cost(config, tmp_path, caps
     out = capsys.readouterr().out
     for text in ("00-baseline", "01-precision *", "$/M tokens", "job $", "3.00 GiB", "25.0%"):
         assert text in out
-    assert "winner: 01-precision" in out and "2.00x the baseline's" in out
+    assert "paired: 01-precision against 00-baseline: 2.00x (2.00–2.00) tokens/s over 2 " in out
+    assert "winner: 01-precision" in out
+    assert "2.00x (2.00–2.00) the baseline's tokens/s, re-measured over 2 alternating" in out
 
 
 def test_the_waterfall_goes_from_the_baseline_to_the_winner_lever_by_lever(config, tmp_path):
@@ -375,14 +414,27 @@ def test_the_waterfall_goes_from_the_baseline_to_the_winner_lever_by_lever(confi
     assert water["unit"] == "USD" and water["period"] == "run"
     levers = [s["lever"] for s in water["steps"]]
     assert levers == ["spot instances", "precision", "larger micro-batch", "data loading"]
-    assert "fp32 -> bf16: 2.00x tokens/s (measured)" in water["steps"][1]["detail"]
+    assert (
+        "fp32 -> bf16: 2.00x (2.00–2.00) tokens/s (paired, 2 rounds)"
+        in (water["steps"][1]["detail"])
+    )
     assert "micro-batch 8 x 2 -> 16 x 1" in water["steps"][2]["detail"]
-    base = result.trials[0]
     assert water["baseline"] == pytest.approx(result_dict(result)["trials"][0]["job_usd"])
     spot = water["spot"]
     price_ratio = spot["spot_per_hour"] * spot["overhead_factor"] / spot["on_demand_per_hour"]
-    measured = result.winner.rate("tokens") / base.rate("tokens")
-    assert measured == pytest.approx(1.25 * 2.0 * 1.5)
+    # Each lever's speed-up is its paired comparison's, named with its interval.
+    paired = {c.stage: c for c in result.outcome.levers}
+    by_lever = {s["lever"]: s["measured"] for s in water["steps"]}
+    assert by_lever["spot instances"] is None
+    for stage, name, ratio in (
+        ("precision", "precision", 2.0),
+        ("micro", "larger micro-batch", 1.5),
+    ):
+        assert by_lever[name]["ratio"] == pytest.approx(ratio)
+        assert by_lever[name]["comparison"] == paired[stage].name
+        assert by_lever[name]["low"] <= ratio <= by_lever[name]["high"]
+    measured = math.prod(m["ratio"] for m in by_lever.values() if m)
+    assert measured == pytest.approx(1.25 * 2.0 * 1.5) == result.speedup
     assert water["final"] == pytest.approx(water["baseline"] * price_ratio / measured)
 
 
@@ -500,6 +552,49 @@ def test_real_trials_write_a_winner_thrifty_train_runs_as_is(
     assert tuned["batch"]["effective"] == as_given["batch"]["effective"]
     train = ["train", str(winner), "--out", str(tmp_path / "run"), "--steps", "2"]
     assert cli.main([*train, "--set", "run.progress=off"]) == 0
+
+
+def test_real_trials_keep_a_lever_on_paired_runs_and_the_waterfall_shows_their_figures(
+    tmp_path, capsys, children_import_tests
+):
+    config = tmp_path / "job.toml"
+    given = CONFIG.format(model="test_tune:waits_per_forward")
+    config.write_text(given.replace("micro = 8", "micro = 2"))
+    out = tmp_path / "tune"
+    argv = ["tune", str(config), "--levers", "micro", "--micro", "16", "--steps", "4"]
+    assert cli.main([*argv, "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report == json.loads((out / "tune.json").read_text())
+    assert [t["name"] for t in report["trials"]] == ["00-baseline", "01-micro"]
+    lever, final = report["comparisons"]
+    assert (lever["candidate"], lever["incumbent"], lever["stage"]) == (
+        "01-micro",
+        "00-baseline",
+        "micro",
+    )
+    assert (final["candidate"], final["incumbent"], final["stage"]) == (
+        "01-micro",
+        "00-baseline",
+        "final",
+    )
+    for c in (lever, final):
+        assert c["decision"] == "kept" and 1.0 < c["low"] <= c["ratio"] <= c["high"]
+        assert c["rounds"] == len(c["ratios"]) >= 2 and c["line"]
+        roles = [b["name"].rsplit(".", 1)[1] for b in c["blocks"]]
+        assert roles[:5] == ["a0", "b1", "a1", "b2", "a2"] and len(roles) == 2 * c["rounds"] + 1
+        steps = {b["steps_completed"] for b in c["blocks"]}
+        assert len(steps) == 1 and steps.pop() > 4  # as many for both, more than the trials'
+        for block in c["blocks"]:  # each a process of its own
+            assert block["status"] == "ok" and (Path(block["run_dir"]) / "summary.json").exists()
+        micro = {b["name"].rsplit(".", 1)[1][0]: b["micro_batch"] for b in c["blocks"]}
+        assert micro == {"a": 2, "b": 16}
+    assert report["winner"] == "01-micro" and report["speedup"] == final["ratio"]
+    (step,) = report["waterfall"]["steps"]
+    assert (
+        step["measured"]["ratio"] == lever["ratio"] and step["measured"]["comparison"] == "01-micro"
+    )
+    assert f"{lever['ratio']:.2f}x ({lever['low']:.2f}–{lever['high']:.2f})" in step["detail"]
+    assert step["after"] == pytest.approx(step["before"] / lever["ratio"])
 
 
 def test_a_budget_too_small_for_one_trial_is_one_line(config, tmp_path, capsys):

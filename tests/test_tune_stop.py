@@ -126,6 +126,10 @@ class Tune:
     def trials_built(self) -> int:
         return len(self.marks.read_text().splitlines())
 
+    def comparison_runs(self) -> list[str]:
+        """The paired comparisons' runs the record holds (01-micro.a0, ...)."""
+        return [b["name"] for c in self.record()["comparisons"] for b in c["blocks"]]
+
     def record(self) -> dict:
         return json.loads((self.out / "tune.json").read_text())
 
@@ -193,7 +197,8 @@ def test_a_sigterm_to_the_tune_ends_its_trial_and_the_same_command_resumes(tmp_p
 
     code, out, err = tune.again()
     assert code == 0, err
-    assert tune.trials_built() == 3  # only 01-micro ran again: the baseline was kept
+    # Only 01-micro ran again, then the comparisons' runs: the baseline was kept.
+    assert tune.trials_built() == 3 + len(tune.comparison_runs())
     assert "00-baseline: " in err and "(kept from the earlier run)" in err
     record = tune.record()
     assert record["state"] == "finished"
@@ -236,7 +241,7 @@ def test_a_sigkill_of_the_tune_takes_its_trial_and_the_same_command_resumes(tmp_
 
     code, _, err = tune.again()
     assert code == 0, err
-    assert tune.trials_built() == 3  # the baseline ran once
+    assert tune.trials_built() == 3 + len(tune.comparison_runs())  # the baseline ran once
     assert [t["status"] for t in tune.record()["trials"]] == ["ok", "ok"]
 
 

@@ -217,10 +217,14 @@ class TrainBatches:
 
     def _fetching(self) -> contextlib.AbstractContextManager[Any]:
         """Around a window's fetch: with 0 workers and seeded batches, the training's random
-        streams are kept once for the whole window rather than once a micro-batch."""
+        streams are kept once for the whole window rather than once a micro-batch, and only
+        those of the generators the dataset draws from (none: nothing is kept)."""
         loader = self.source.loader
-        if loader.num_workers == 0 and isinstance(loader.dataset, SeededSamples):
-            return training_rng_kept()
+        dataset = loader.dataset
+        if loader.num_workers == 0 and isinstance(dataset, SeededSamples):
+            drawn = dataset.draws_from()  # probed once, before the first window
+            if drawn:
+                return training_rng_kept(drawn)
         return contextlib.nullcontext()
 
     def state_dict(self) -> Any:

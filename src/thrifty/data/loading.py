@@ -33,7 +33,13 @@ from typing import Any, cast
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from thrifty.data.sampling import EpochSampler, SeededSamples, _Keys, draws_no_random_numbers
+from thrifty.data.sampling import (
+    EpochBatches,
+    EpochSampler,
+    SeededSamples,
+    draws_no_random_numbers,
+    training_rng_kept,
+)
 from thrifty.errors import ConfigError
 from thrifty.strategies.device import available_cpus, local_world_size
 
@@ -247,36 +253,42 @@ def build_loader(
     """A DataLoader that drops the last partial batch (every step has the same shape).
 
     It gets its own generator so creating an iterator never draws from the global RNG (which
-    would shift dropout masks and break exact resume). With an `EpochSampler`, each batch's
-    random draws are seeded from (sampler seed, epoch, position): see `SeededSamples`. Workers
-    ignore `stop_signals` (the main process handles them), then run `worker_init_fn`.
+    would shift dropout masks and break exact resume). With an `EpochSampler`, batches are
+    sliced from its order (`EpochBatches`), and each batch's random draws are seeded from
+    (sampler seed, epoch, position): see `SeededSamples`. Workers ignore `stop_signals` (the
+    main process handles them), then run `worker_init_fn`.
     """
     signals = check_stop_signals(stop_signals)
     workers = settings.num_workers
-    order: Sampler[Any] = sampler
-    if isinstance(sampler, EpochSampler) and not draws_no_random_numbers(dataset):
-        dataset = SeededSamples(dataset, sampler.seed)
-        order = _Keys(sampler)
+    order: dict[str, Any] = {
+        "batch_size": settings.batch_size,
+        "sampler": sampler,
+        "drop_last": True,
+    }
+    if isinstance(sampler, EpochSampler):
+        order = {"batch_sampler": EpochBatches(sampler, settings.batch_size)}
+        if not draws_no_random_numbers(dataset):
+            dataset = SeededSamples(dataset, sampler.seed)
     loader = _Loader(
         dataset,
-        batch_size=settings.batch_size,
-        sampler=order,
+        **order,
         num_workers=workers,
         collate_fn=collate_fn,
         pin_memory=settings.pin_memory,
-        drop_last=True,
         persistent_workers=settings.persistent_workers and workers > 0,
         prefetch_factor=settings.prefetch_factor if workers > 0 else None,
         generator=torch.Generator().manual_seed(seed),
         worker_init_fn=IgnoreStopSignals(signals, worker_init_fn),
     )
+    if "batch_sampler" in order:
+        # EpochBatches drops the last partial batch; DataLoader takes no drop_last beside a
+        # batch_sampler (and reads it only for iterable datasets): said for those who ask.
+        object.__setattr__(loader, "drop_last", True)
     loader.stop_signals = signals
     return loader
 
 
 # --- num_workers = auto -------------------------------------------------------------------------
-
-
 
 
 def cpus_per_rank() -> int:
@@ -364,9 +376,12 @@ def choose_num_workers(
     of the fastest: more workers cost memory and CPU the training step may need. `measure`
     returns seconds per batch for one setting (`measure_fetch_time` unless given)."""
     measured: dict[int, float] = {}
-    for n in candidates if candidates is not None else worker_candidates():
-        trial = LoaderSettings(settings.batch_size, n, False, settings.prefetch_factor, False)
-        measured[n] = measure(dataset, trial, collate_fn)
+    # A trial with 0 workers fetches here, unseeded, as many batches as time allows: the
+    # training's random streams must not depend on how fast that went.
+    with training_rng_kept():
+        for n in candidates if candidates is not None else worker_candidates():
+            trial = LoaderSettings(settings.batch_size, n, False, settings.prefetch_factor, False)
+            measured[n] = measure(dataset, trial, collate_fn)
     best = min(measured.values())
     chosen = min(n for n, s in measured.items() if s <= best * (1 + tolerance))
     return WorkerChoice(chosen, measured)

@@ -17,12 +17,14 @@ resumes after a kill.
   Otherwise a resumed run restarts the stream, and the run says so as it starts.
 - A DataLoader: used as is. Resumed from its `state_dict` when it has one (StatefulDataLoader);
   otherwise its epoch restarts, said once as the run starts.
+
+Where samples draw random numbers in a StatefulDataLoader's workers, each worker's generators
+are kept with its state (`thrifty.data.worker_rng`).
 """
 
 from __future__ import annotations
 
 import logging
-import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from itertools import islice
@@ -31,7 +33,16 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
+from thrifty.data.kinds import (
+    is_hf_stream,
+    is_stream,
+    length,
+    stateful,
+    stateful_loader_class,
+)
 from thrifty.data.loading import IgnoreStopSignals, LoaderSettings, check_stop_signals
+from thrifty.data.restore import resume_from
+from thrifty.data.worker_rng import keep_worker_rng, random_line
 from thrifty.errors import ConfigError, ThriftyError
 
 log = logging.getLogger("thrifty")
@@ -45,6 +56,7 @@ class Source:
     loader: Any
     batches_per_pass: int | None = None  # this rank's micro-batches in a pass; None: unknown
     exact: bool = True  # a resumed run sees exactly the batches it would have seen
+    random_note: str | None = None  # why its workers' random draws will not resume, if so
     changing_state: bool = False  # the state moves with every batch (read after each window)
 
     def begin(self, epoch: int, consumed: int) -> Iterator[Any]:
@@ -59,23 +71,10 @@ class Source:
         """The checkpoint's state, applied when the next pass begins."""
 
 
-def _length(obj: Any) -> int | None:
-    try:
-        return len(obj)
-    except TypeError:
-        return None
-
-
 def _set_epoch(obj: Any, epoch: int) -> None:
     set_epoch = getattr(obj, "set_epoch", None)
     if callable(set_epoch):
         set_epoch(epoch)
-
-
-def _stateful(obj: Any) -> bool:
-    return callable(getattr(obj, "state_dict", None)) and callable(
-        getattr(obj, "load_state_dict", None)
-    )
 
 
 class MapSource(Source):
@@ -105,7 +104,7 @@ class _RankView(Sampler[Any]):
 
     def share(self) -> int | None:
         """Items a pass holds for this rank; None when the sampler has no length."""
-        n = _length(self.order)
+        n = length(self.order)
         return None if n is None else (n if self.whole else n // self.world)
 
     def __iter__(self) -> Iterator[Any]:
@@ -125,7 +124,7 @@ class _RankView(Sampler[Any]):
 
 def _order_state(order: Any) -> Any:
     """The sampler's state: its own, or its torch generator's (RandomSampler, Weighted...)."""
-    if _stateful(order):
+    if stateful(order):
         return {"sampler": order.state_dict()}
     generator = getattr(order, "generator", None)
     if isinstance(generator, torch.Generator):
@@ -230,28 +229,15 @@ class _Shard(IterableDataset):
         self._resume_taken = state["taken"]
 
 
-def _is_hf_stream(data: Any) -> bool:
-    return type(data).__module__.startswith("datasets.") and hasattr(data, "n_shards")
-
-
 def _split(data: Any, rank: int, world: int) -> Any:
     """This rank's part of the stream, still to be split among the loader's workers."""
-    if _is_hf_stream(data):
+    if is_hf_stream(data):
         if world == 1:
             return data  # it splits its files among the workers itself
         from datasets.distributed import split_dataset_by_node
 
         return split_dataset_by_node(data, rank=rank, world_size=world)
     return _Shard(data, rank, world)
-
-
-def stateful_loader_class() -> type | None:
-    """torchdata's StatefulDataLoader, when installed (`thrifty[data]`)."""
-    try:
-        from torchdata.stateful_dataloader import StatefulDataLoader
-    except ImportError:
-        return None
-    return StatefulDataLoader
 
 
 class StreamSource(Source):
@@ -271,9 +257,9 @@ class StreamSource(Source):
     ) -> None:
         self.stream = _split(data, rank, world)
         self.what = f"train_data ({type(data).__name__})"
-        n = _length(data)
+        n = length(data)
         self.batches_per_pass = None if n is None else n // world // micro
-        stateful_stream = _stateful(data)
+        stateful_stream = stateful(data)
         loader_class = stateful_loader_class() if stateful_stream else None
         # Workers start afresh each pass: a persistent worker's copy of the stream would
         # keep the last pass's position.
@@ -286,6 +272,8 @@ class StreamSource(Source):
         )
         self.own_state = loader_class is None and stateful_stream and workers == 0
         self.exact = loader_class is not None or self.own_state
+        if loader_class is not None and workers > 0:
+            self.random_note = keep_worker_rng(self.loader)
         self.why_not = (
             "it has no state_dict/load_state_dict (a Hugging Face IterableDataset has them)"
             if not stateful_stream
@@ -300,13 +288,13 @@ class StreamSource(Source):
         if restored is None:
             return iter(self.loader)
         target = self.stream if self.own_state else self.loader
-        return _resume(self.loader, target, restored, self.what)
+        return resume_from(self.loader, target, restored, self.what)
 
     def state_dict(self) -> Any:
         if not self.exact:
             return None
         state = self.stream.state_dict() if self.own_state else self.loader.state_dict()
-        return {"num_workers": self.loader.num_workers, "state": state}
+        return _loader_state(self.loader, state)
 
     def load_state_dict(self, state: Any) -> None:
         self._restored = _same_workers(state, self.loader, "data.num_workers = {n}")
@@ -322,9 +310,11 @@ class LoaderSource(Source):
 
     def __init__(self, loader: DataLoader, micro: int) -> None:
         self.loader = loader
-        n = _length(loader)
+        n = length(loader)
         self.batches_per_pass = n
-        self.exact = _stateful(loader)
+        self.exact = stateful(loader)
+        if self.exact and loader.num_workers > 0:
+            self.random_note = keep_worker_rng(loader)
         self._restored: Any = None
 
     def begin(self, epoch: int, consumed: int) -> Iterator[Any]:
@@ -336,16 +326,26 @@ class LoaderSource(Source):
         if restored is None:
             return iter(loader)
         what = f"train_data ({type(loader).__name__} over {type(loader.dataset).__name__})"
-        return _resume(loader, loader, restored, what)
+        return resume_from(loader, loader, restored, what)
 
     def state_dict(self) -> Any:
         if not self.exact:
             return None
-        return {"num_workers": self.loader.num_workers, "state": self.loader.state_dict()}
+        return _loader_state(self.loader, self.loader.state_dict())
 
     def load_state_dict(self, state: Any) -> None:
         if state is not None and self.exact:
             self._restored = _same_workers(state, self.loader, "num_workers={n} in your DataLoader")
+
+
+def _loader_state(loader: Any, state: Any) -> dict[str, Any]:
+    """What a checkpoint holds of a loader: its state, its worker count, and its generator (it
+    draws the next pass's order and worker seeds; a loader's state_dict leaves it out)."""
+    generator = getattr(loader, "generator", None)
+    saved = {"num_workers": loader.num_workers, "state": state}
+    if isinstance(generator, torch.Generator):
+        saved["generator"] = generator.get_state()
+    return saved
 
 
 def _same_workers(saved: dict[str, Any], loader: Any, fix: str) -> Any:
@@ -358,43 +358,7 @@ def _same_workers(saved: dict[str, Any], loader: Any, fix: str) -> Any:
             f"one has {loader.num_workers}: each worker holds part of the stream's position; "
             f"resume with {fix.format(n=n)}"
         )
-    return saved["state"]
-
-
-# What a load_state_dict raises on a state it does not understand: a key it misses, a value
-# or a type it does not expect.
-_REJECTIONS = (KeyError, ValueError, TypeError, IndexError, AttributeError)
-
-
-def _resume(loader: Any, target: Any, state: Any, what: str) -> Iterator[Any]:
-    """`target.load_state_dict(state)`, then a fresh iterator of `loader` (a stateful loader
-    hands the state to the stream there, in its workers or in this process). A state the
-    pipeline rejects is one line naming `what` and the way out, not a traceback."""
-    try:
-        target.load_state_dict(state)
-        return iter(loader)
-    except Exception as exc:
-        # The half-made iterator lives on in the traceback's frames: cleared, it is collected
-        # now and its workers stopped (they ignore SIGTERM, so the interpreter's exit would
-        # wait for them forever).
-        traceback.clear_frames(exc.__traceback__)
-        if isinstance(exc, ThriftyError) or not isinstance(exc, _REJECTIONS):
-            raise  # not about the state (a source gone away, say): as it is
-        problem = _rejection(exc)
-    raise ThriftyError(
-        f"{what} rejected the checkpoint's data position ({problem}): its load_state_dict "
-        "does not take the state this run saved; resume with the data pipeline that wrote the "
-        "checkpoint, or start the run over (--overwrite, run.overwrite = true)"
-    )
-
-
-def _rejection(exc: Exception) -> str:
-    """`Type: message` of what the pipeline raised; from a loader's worker, the original's (the
-    last line of the traceback it carries)."""
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    if "Original Traceback" in str(exc) and lines:
-        return lines[-1].strip()
-    return f"{type(exc).__name__}: {lines[0] if lines else 'no message'}"
+    return saved
 
 
 # --- the checks, and samples to count FLOPs and size micro-batches with ------------------------
@@ -410,12 +374,6 @@ def check_loader(loader: DataLoader, micro: int) -> None:
             f"train_data is a DataLoader with batch_size {size} and batch.micro = {micro}: set "
             f"batch.micro = {size}, or build the DataLoader with batch_size={micro}"
         )
-
-
-def is_stream(data: Any) -> bool:
-    """An IterableDataset. A bare iterator (a generator) is not one: it cannot start a second
-    pass, nor be copied to a loader worker."""
-    return isinstance(data, IterableDataset) or _is_hf_stream(data)
 
 
 def first_samples(data: Any, n: int) -> list[Any]:
@@ -479,7 +437,9 @@ def loader_builder(
 def describe(source: Source) -> str | None:
     """The line said as a run starts when a resume would not be exact, or None."""
     if source.exact:
-        return None
+        return (
+            None if source.random_note is None else random_line(source.loader, source.random_note)
+        )
     if isinstance(source, StreamSource):
         return (
             f"train_data is a stream whose position cannot be saved ({source.why_not}): a "

@@ -1,5 +1,6 @@
 """A `thrifty tune` --out as a report section: the trials table, the waterfall from the config
-as given to the winner (drawn as bars), what was pruned or not reached, and the notes.
+as given to the winner (drawn as bars, each lever with its paired speed-up and interval), the
+paired comparisons, what was pruned or not reached, and the notes.
 
 Reads tune.json (thrifty.tuning.report.result_dict), so a tune can be reported long after it
 ran, without its config or its task importable.
@@ -7,6 +8,7 @@ ran, without its config or its task importable.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import Any
@@ -89,7 +91,7 @@ def _amount(value: float, money: bool) -> str:
     return fmt_usd(value) if money else fmt_seconds(value * 3600)
 
 
-def table(header: tuple[str, ...], rows: list[tuple[str, str, str]]) -> str:
+def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -100,15 +102,22 @@ def tune_headline(tune: Tune) -> list[Figure]:
     trials = d.get("trials") or []
     finished = sum(1 for t in trials if t.get("status") == "ok")
     speedup = number(d.get("speedup"))
+    found = d.get("comparisons") or []
+    final: dict[str, Any] = next((c for c in found if c.get("stage") == "final"), {})
+    against = "over the config as given"
+    if final and d.get("winner") == d.get("baseline"):
+        against = (
+            f"{final.get('candidate')} re-measured {_speedup(final)}: the config as given kept"
+        )
+    elif final:
+        against = f"re-measured {_speedup(final)} paired {against}"
     return [
         Figure(
             "config", str(d.get("config") or "-").rsplit("/", 1)[-1], str(d.get("device") or "")
         ),
         Figure("trials", f"{finished} of {len(trials)}", "finished"),
         Figure("winner", str(d.get("winner") or "none"), d.get("failure") or ""),
-        Figure(
-            "speed-up", "-" if speedup is None else f"{speedup:.2f}×", "over the config as given"
-        ),
+        Figure("speed-up", "-" if speedup is None else f"{speedup:.2f}×", against),
         Figure("effective batch", str(d.get("effective_batch") or "-")),
         Figure(
             "search time",
@@ -193,8 +202,12 @@ def tune_notes(tune: Tune) -> list[str]:
 
 
 def waterfall_html(tune: Tune) -> str:
-    """The waterfall figure, or one line saying why there is none."""
-    water = tune.data.get("waterfall")
+    """The waterfall figure (or one line saying why there is none), then the paired
+    comparisons its speed-ups come from."""
+    return _waterfall_figure(tune.data.get("waterfall")) + comparisons_html(tune)
+
+
+def _waterfall_figure(water: dict[str, Any] | None) -> str:
     if not water:
         return '<p class="muted">No waterfall: the config as given did not finish, or no trial did.</p>'
     if not water.get("steps"):
@@ -206,12 +219,45 @@ def waterfall_html(tune: Tune) -> str:
     if saving is not None:
         caption += f": {saving:.0%} less"
     money = water.get("unit") == "USD"
+    measured = {str(s.get("lever")): s.get("measured") for s in water["steps"]}
     rows = [
-        (b.label, b.detail or "-", _amount(b.end - b.start, money))
+        (b.label, b.detail or "-", _speedup(measured.get(b.label)), _amount(b.end - b.start, money))
         for b in waterfall_bars(water)
         if b.kind == "lever"
     ]
+    header = ("lever", "what it changed", "speed-up (90% interval)", "saving")
     return (
         f'<figure class="chart" id="chart-waterfall"><figcaption>{escape(caption)}</figcaption>'
-        f"{waterfall_svg(water)}</figure>" + table(("lever", "what it changed", "saving"), rows)
+        f"{waterfall_svg(water)}</figure>" + table(header, rows)
     )
+
+
+def comparisons_html(tune: Tune) -> str:
+    """One row per paired comparison: what against what, its ratio and interval, its rounds,
+    its decision and the line that says it."""
+    found = tune.data.get("comparisons") or []
+    if not found:
+        return ""
+    rows = [
+        (
+            f"{c.get('candidate')} vs {c.get('incumbent')}",
+            _speedup(c),
+            str(c.get("rounds", "-")),
+            str(c.get("decision", "-")),
+            str(c.get("line", "")),
+        )
+        for c in found
+    ]
+    header = ("comparison", "ratio (90% interval)", "rounds", "decision", "why")
+    return "<h3>Paired comparisons</h3>" + table(header, rows)
+
+
+def _speedup(figures: Any) -> str:
+    """ "1.18× (1.10–1.27)", "-" without figures."""
+    if not isinstance(figures, dict):
+        return "-"
+    ratio, low, high = (number(figures.get(k)) for k in ("ratio", "low", "high"))
+    if ratio is None:
+        return "-"
+    interval = f" ({low:.2f}–{high:.2f})" if low is not None and high is not None else ""
+    return f"{ratio:.2f}×{interval}"

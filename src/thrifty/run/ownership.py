@@ -43,7 +43,7 @@ MAX_NAMED = 5
 
 
 def checkpoint_folder(run_dir: Path, checkpoint: CheckpointConfig) -> Path:
-    """The local folder saves are written to (as SpotGuard builds its manager): the location,
+    """The local folder saves are written to (as the run checkpointer builds its manager): the location,
     or for a URL its staging folder; run_dir/checkpoints by default."""
     default = run_dir / "checkpoints"
     location = checkpoint.location

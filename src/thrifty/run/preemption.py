@@ -271,7 +271,7 @@ class PreemptionWatcher:
     (SIG_IGN) stay ignored.
 
     `step`, `saved_step` and `saving` (the step trained last, the newest checkpoint's, the
-    step of the emergency checkpoint being written) are kept by whoever saves (`SpotGuard`),
+    step of the emergency checkpoint being written) are kept by whoever saves (the run checkpointer),
     for that count.
     """
 

@@ -8,6 +8,7 @@ data-loader workers measured first), within a time budget.
     space.py      the levers and their values on this hardware
     trials.py     one trial: `thrifty train` in a child process, and what it measured
     search.py     the order, the pruning and the budget
+    compare.py    a candidate against the incumbent in alternating runs; paired.py its statistics
     pricing.py    dollars per token and the projected job, from the cost meter and the planner
     waterfall.py  baseline to winner, lever by lever
     configs.py    the trials' config and the winner's

@@ -6,7 +6,8 @@ report` may add report.html, which a tune leaves alone. Anything else is someone
 --out holding it is refused in one line naming it, --overwrite or not, and nothing is deleted.
 --overwrite replaces an earlier tune's files and nothing else. An unfinished tune of the same
 search (the same config, --steps, --levers and --micro on the same hardware) is resumed
-instead: its finished trials are kept, and the one that was running runs again.
+instead: its finished trials and comparison runs are kept, and the one that was running runs
+again.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from thrifty.console import say
 from thrifty.errors import ThriftyError
 from thrifty.redact import redact_value
 from thrifty.tuning.space import Space
+from thrifty.tuning.stopping import finished
 from thrifty.tuning.trials import Candidate, Trial
 
 OWN = ("tune.json", "trial.toml", "winner.toml", "trials")
 TEMPORARY = ("tune.json.tmp",)  # what a write of tune.json cut short leaves
 LEFT_ALONE = ("report.html",)  # `thrifty report DIR` writes it; a tune neither needs nor deletes it
-TRIAL_DIR = re.compile(r"\d{2,}-(baseline|workers|precision|micro|compile)")
+# A trial's folder, or a comparison run's (NN-STAGE.a0, final.b1: thrifty.tuning.compare).
+TRIAL_DIR = re.compile(r"(\d{2,}-(baseline|workers|precision|micro|compile)|final)(\.[ab]\d+)?")
 UNFINISHED = ("running", "stopped")
 
 Flag = Callable[[str], str]  # how messages name an option: "--out" or "out"
@@ -47,17 +50,25 @@ class OutOfSpace(ThriftyError):
 
 @dataclass(frozen=True, slots=True)
 class Earlier:
-    """An unfinished tune of the same search in --out: its finished trials by name, and the
-    CPU peaks its trials were measured against (TFLOP/s per precision), reused."""
+    """An unfinished tune of the same search in --out: its finished trials and comparison runs
+    by name, and the CPU peaks its trials were measured against (TFLOP/s per precision),
+    reused."""
 
     trials: dict[str, Trial]
     peaks: dict[str, float] | None
 
     @classmethod
     def of(cls, data: Mapping[str, Any]) -> Earlier:
-        trials = [Trial.from_dict(t) for t in data.get("trials", [])]
+        runs = [*data.get("trials", [])]
+        runs += [b for c in data.get("comparisons") or [] for b in c.get("blocks", [])]
+        trials = [Trial.from_dict(t) for t in runs]
         finished = {t.name: t for t in trials if t.status in ("ok", "failed")}
         return cls(finished, data.get("peaks"))
+
+    def describe(self) -> str:
+        """What it keeps: "2 finished trials and 3 comparison runs"."""
+        runs = sum(1 for name in self.trials if "." in name)
+        return finished(len(self.trials) - runs, runs)
 
     def kept(self, candidate: Candidate) -> Trial | None:
         """The finished trial of the earlier tune that ran `candidate`, if one did."""

@@ -1,11 +1,13 @@
-"""What `thrifty tune` prints and writes: the trials table, the winner, what was not run, and
-the waterfall, as rich tables or as JSON (the same data)."""
+"""What `thrifty tune` prints and writes: the trials table, the paired comparisons, the winner,
+what was not run, and the waterfall, as rich tables or as JSON (the same data)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from thrifty.plan.units import fmt_bytes, fmt_hours, fmt_pct, fmt_usd
+from thrifty.tuning.compare import BLOCK_SECONDS
+from thrifty.tuning.paired import CONFIDENCE, MIN_GAIN
 from thrifty.tuning.pricing import job_usd, usd_per_unit
 
 if TYPE_CHECKING:
@@ -65,6 +67,7 @@ def result_dict(result: TuneResult) -> dict[str, Any]:
         "winner": best.name if best else None,
         "winner_toml": str(result.winner_toml) if result.winner_toml else None,
         "speedup": result.speedup,
+        "comparisons": [c.to_dict() for c in outcome.comparisons],
         "waterfall": result.waterfall.to_dict() if result.waterfall else None,
         "stopped_early": outcome.stop,
         "failure": result.failure,
@@ -101,6 +104,13 @@ def notes(result: TuneResult) -> list[str]:
         "figures: steady-state steps only (warm-up and compile excluded), "
         f"{plan.steps} steps per trial"
     )
+    if outcome.comparisons:
+        lines.append(
+            "speed-ups: paired, each candidate against the incumbent in alternating runs "
+            f"(A B A ... A, about {BLOCK_SECONDS:.0f} s of steps each), each B over the A runs "
+            f"around it, with a {CONFIDENCE:.0%} interval; a lever is kept when its interval "
+            f"lies above 1 and it gains {MIN_GAIN:.0%} or more"
+        )
     base = outcome.baseline
     if base is not None and not base.ok and outcome.winner is not None:
         lines.append(f"no waterfall: the baseline {base.name} did not finish ({base.error})")
@@ -129,6 +139,8 @@ def print_report(result: TuneResult) -> None:
     out.print(trials_table(result))
     _print_failures(out, result)
     _print_skipped(out, result)
+    for c in result.outcome.comparisons:
+        out.print(escape(f"  paired: {c.line}"), soft_wrap=True)
     _print_winner(out, result)
     if result.waterfall is not None and not result.waterfall.plan.steps:
         out.print("no lever beat the config as given: no waterfall")
@@ -215,11 +227,17 @@ def _print_winner(out: Console, result: TuneResult) -> None:
     if best is None:
         return
     text = f"winner: {best.name} ({best.resolved.describe()})"
-    if result.speedup is not None and base is not None:
+    final = result.outcome.final
+    measured = final.estimate if final is not None else None
+    if best is base:
+        text += ": the config as given"
+    elif measured is not None and final is not None:
         text += (
-            f": {best.rate(unit) or 0:,.1f} {unit}/s, {result.speedup:.2f}x the baseline's "
-            f"{base.rate(unit) or 0:,.1f}"
+            f": {measured.describe()} the baseline's {unit}/s, re-measured over "
+            f"{measured.rounds} alternating rounds"
         )
+    elif result.speedup is not None:
+        text += f": {result.speedup:.2f}x the baseline's {unit}/s, by its levers' comparisons"
     out.print(escape(text), style="bold", soft_wrap=True)
     if result.winner_toml is not None:
         out.print(

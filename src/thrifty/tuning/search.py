@@ -3,10 +3,15 @@ in the seeds' order of impact, skipping what cannot win, within a budget.
 
 Stages (each only for the levers searched): workers (the measured count, when the config
 fixes one), precision, micro (the largest micro-batch that fits under each checkpointing
-policy, lightest first), compile (default, then max-autotune). A stage's best trial, when it
-beats the best so far, is where the next stage starts; the best trial at the end is the winner.
-The lowest cost per token at one price is the highest tokens per second (samples without
-tokens), so trials are ranked by throughput.
+policy, lightest first), compile (default, then max-autotune). Each candidate runs one short
+trial, a screening: on a machine whose throughput swings, one reading per setting cannot tell
+a gain from the swing. A stage's best trial, when it beats the incumbent (the best setting so
+far, at first the config as given) in its trial, is then compared with it in alternating runs
+(`thrifty.tuning.compare`), and it becomes the incumbent only when that paired comparison
+keeps it. The incumbent at the end, the winner, is re-measured against the config as given
+the same way; when it is not faster there, the config as given is the winner. The lowest cost
+per token at one price is the highest tokens per second (samples without tokens), so trials
+are ranked by throughput.
 
 Pruned, because it cannot win:
   * fp16 once bf16 ran: the same tensor-core peak, plus loss scaling;
@@ -15,7 +20,9 @@ Pruned, because it cannot win:
   * a micro-batch at least as large as one that ran out of memory under the same policy;
   * max-autotune once the default compile mode failed.
 Not reached: a candidate that needs more time than the budget has left (its estimate is the
-shortest finished trial like it; max-autotune's is twice the default mode's).
+shortest finished trial like it; max-autotune's is twice the default mode's). Once a lever is
+kept, the time the winner's re-measurement needs is held back from the candidates' trials
+and the comparisons after it.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from thrifty.tuning.compare import FINAL, Comparison, needed, run_rounds
 from thrifty.tuning.space import AUTO, Setting, Space, policy_rank
 from thrifty.tuning.trials import Candidate, Runner, Trial
 
@@ -56,12 +64,13 @@ class Skipped:
 
 @dataclass(slots=True)
 class Outcome:
-    """Every trial in the order run, what was skipped, and the path: the trial that was best
-    after each stage that improved on the one before (the baseline first, when it finished).
-    `stop` says why the search ended early, if it did."""
+    """Every trial in the order run, what was skipped, the paired comparisons in the order run
+    (the final re-measurement last), and the path: each incumbent in turn (the baseline
+    first, when it finished). `stop` says why the search ended early, if it did."""
 
     trials: list[Trial] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    comparisons: list[Comparison] = field(default_factory=list)
     path: list[Trial] = field(default_factory=list)
     stop: str | None = None
 
@@ -75,8 +84,25 @@ class Outcome:
         return "tokens" if any(t.ok and t.tokens_per_second for t in self.trials) else "samples"
 
     @property
+    def final(self) -> Comparison | None:
+        """The winner's re-measurement against the config as given, once it ran."""
+        return next((c for c in self.comparisons if c.stage == FINAL), None)
+
+    @property
     def winner(self) -> Trial | None:
-        return self.path[-1] if self.path else None
+        """The last incumbent, or the config as given where the final re-measurement found
+        that incumbent no faster."""
+        if not self.path:
+            return None
+        final = self.final
+        return self.path[0] if final is not None and final.reverts else self.path[-1]
+
+    @property
+    def levers(self) -> list[Comparison]:
+        """The comparisons that kept each lever of the winner, in order."""
+        if not self.path or self.winner is not self.path[-1]:
+            return []
+        return [c for c in self.comparisons if c.kept and c.stage != FINAL]
 
     @property
     def not_reached(self) -> list[Skipped]:
@@ -85,7 +111,8 @@ class Outcome:
 
 class Search:
     """Runs the search over `space` from `baseline` (the config as given) with `runner`,
-    ending by `deadline` (seconds on `clock`); `on_trial` hears of each trial as it ends."""
+    ending by `deadline` (seconds on `clock`); `on_trial` hears of each trial and comparison
+    run as it ends, `on_comparison` of each comparison once decided."""
 
     def __init__(
         self,
@@ -95,22 +122,31 @@ class Search:
         deadline: float,
         clock: Callable[[], float] = time.monotonic,
         on_trial: Callable[[Trial], None] = lambda trial: None,
+        on_comparison: Callable[[Comparison], None] = lambda comparison: None,
     ) -> None:
         self.space, self.baseline, self.runner = space, baseline, runner
         self.deadline, self.clock, self.on_trial = deadline, clock, on_trial
-        self.incumbent = baseline
+        self.on_comparison = on_comparison
         self.outcome = Outcome()
+
+    @property
+    def incumbent(self) -> Setting:
+        """The best setting so far: where each stage starts."""
+        path = self.outcome.path
+        return path[-1].resolved if path else self.baseline
 
     def run(self) -> Outcome:
         first = self._trial("baseline", self.baseline)
-        self._advance()
+        if first.ok:
+            self.outcome.path.append(first)
         if first.failure == "bad_input":
             self.outcome.stop = "the config as given fails: every trial would fail alike"
             return self.outcome
         for stage in STAGES:
             for setting in self._candidates(stage):
                 self._consider(stage, setting)
-            self._advance()
+            self._advance(stage)
+        self._remeasure()
         return self.outcome
 
     # --- candidates ------------------------------------------------------------------------
@@ -142,7 +178,7 @@ class Search:
         if why is not None:
             self.outcome.skipped.append(Skipped(stage, setting, "pruned", why))
             return
-        left = self.deadline - self.clock()
+        left = self._left(self.outcome.winner)
         need = self._estimate(setting)
         if left <= 0 or left < need:
             reason = (
@@ -161,16 +197,62 @@ class Search:
         self.on_trial(trial)
         return trial
 
-    def _advance(self) -> None:
-        """Start the next stage from the best trial so far, if it is a new one."""
+    # --- the paired comparisons ------------------------------------------------------------
+
+    def _advance(self, stage: str) -> None:
+        """Make the stage's best trial the incumbent: at once when there is none (the config
+        as given did not finish), else when it beat the incumbent in its trial and then in
+        the paired comparison."""
         unit = self.outcome.unit
-        finished = [t for t in self.outcome.trials if t.ok]
+        finished = [t for t in self.outcome.trials if t.ok and t.stage == stage]
         if not finished:
             return
         best = max(finished, key=lambda t: t.rate(unit) or 0.0)
-        if not self.outcome.path or best is not self.outcome.path[-1]:
-            self.outcome.path.append(best)
-            self.incumbent = best.resolved
+        path = self.outcome.path
+        if path and (best.rate(unit) or 0.0) <= (path[-1].rate(unit) or 0.0):
+            return  # it did not beat the incumbent even once
+        if not path or self._compare(self._comparison(stage, path[-1], best), best).kept:
+            path.append(best)
+
+    def _remeasure(self) -> None:
+        """The winner against the config as given, paired, when a lever was kept."""
+        path = self.outcome.path
+        if len(path) > 1 and path[0] is self.outcome.baseline:
+            self._compare(self._comparison(FINAL, path[0], path[-1]), None)
+
+    def _comparison(self, stage: str, incumbent: Trial, candidate: Trial) -> Comparison:
+        return Comparison(
+            name=FINAL if stage == FINAL else candidate.name,
+            stage=stage,
+            unit=self.outcome.unit,
+            incumbent=incumbent,
+            candidate=candidate,
+            as_given=incumbent is self.outcome.baseline,
+        )
+
+    def _compare(self, c: Comparison, winner: Trial | None) -> Comparison:
+        """Run `c` within the time left once the re-measurement of `winner` (the winner were
+        `c` to keep its candidate; None: `c` is that re-measurement) is held back."""
+
+        def run(candidate: Candidate) -> Trial:
+            trial = self.runner(candidate, self.deadline)
+            c.blocks.append(trial)
+            self.on_trial(trial)
+            return trial
+
+        self.outcome.comparisons.append(c)
+        run_rounds(c, run, lambda: self._left(winner))
+        self.on_comparison(c)
+        return c
+
+    def _left(self, winner: Trial | None) -> float:
+        """Seconds left, less what the re-measurement of `winner` against the config as given
+        needs (none for the config as given itself, or for None)."""
+        left = self.deadline - self.clock()
+        base = self.outcome.baseline
+        if winner is None or base is None or not base.ok or winner is base:
+            return left
+        return left - needed(self._comparison(FINAL, base, winner))
 
     # --- what cannot win, and what does not fit in the budget -------------------------------
 

@@ -2,7 +2,8 @@
 write what it found.
 
 --out holds trial.toml (what every trial starts from), trials/NN-NAME/ (each trial's run and
-its train.log), tune.json (written first, then after every trial, so the finished ones are
+its train.log; a paired comparison's runs are trials/NN-NAME.a0, .b1, ... and final.a0, ...),
+tune.json (written first, then after every trial and comparison run, so the finished ones are
 kept whatever happens next: an unfinished tune is resumed by the same command, see outdir.py)
 and, when a trial finished, winner.toml. Nothing there holds a credential: trial.toml and
 winner.toml are redacted as a run's config.toml is, and the trials receive the config as given
@@ -12,6 +13,7 @@ through a pipe (thrifty.tune_trial).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,6 +34,7 @@ from thrifty.errors import ConfigError, ThriftyError
 from thrifty.records.directory import write_json
 from thrifty.redact import redact_value
 from thrifty.tuning import outdir
+from thrifty.tuning.compare import Comparison
 from thrifty.tuning.configs import trial_config, winner_config
 from thrifty.tuning.pricing import Job, Price, price_for
 from thrifty.tuning.search import Outcome, Search
@@ -128,11 +131,17 @@ class TuneResult:
 
     @property
     def speedup(self) -> float | None:
-        """The winner's throughput over the baseline's, None when either did not finish."""
-        base, best, unit = self.baseline, self.winner, self.outcome.unit
-        if base is None or best is None or not base.ok or not base.rate(unit):
+        """The winner's throughput over the baseline's, paired: the final re-measurement's, or
+        where it could not tell, the product of the winner's levers' comparisons. None when
+        the baseline did not finish."""
+        base, best = self.baseline, self.winner
+        if base is None or best is None or not base.ok:
             return None
-        return (best.rate(unit) or 0.0) / (base.rate(unit) or 1.0)
+        final = self.outcome.final
+        measured = final.estimate if final is not None and best is not base else None
+        if measured is not None:
+            return measured.ratio
+        return math.prod(c.estimate.ratio for c in self.outcome.levers if c.estimate)
 
 
 def option(flag: str, interface: str) -> str:
@@ -252,8 +261,7 @@ def _search(
     if earlier is None:
         write_json(record, result_dict(result))  # first: what a resume starts from
     else:
-        kept = len(earlier.trials)
-        say("tune", f"resuming the tune in {plan.out}: {kept} finished trial(s) kept")
+        say("tune", f"resuming the tune in {plan.out}: {earlier.describe()} kept")
     data = trial_config(plan.given, plan.steps, plan.space.effective)
     (plan.out / "trial.toml").write_text(dump_toml(redact_value(data)))
     if runner is None:
@@ -275,6 +283,10 @@ def _search(
         _announce(trial, result.outcome.unit, trial.name in trials.kept)
         write_json(record, result_dict(result))
 
+    def decided(comparison: Comparison) -> None:
+        say("tune", comparison.line)
+        write_json(record, result_dict(result))
+
     search = Search(
         plan.space,
         plan.baseline,
@@ -282,6 +294,7 @@ def _search(
         deadline=start + plan.budget_seconds - FINISH_SECONDS,
         clock=lambda: clock() + trials.offset,
         on_trial=written,
+        on_comparison=decided,
     )
     result.outcome = search.outcome
     try:
@@ -289,7 +302,8 @@ def _search(
     except Interrupted as exc:
         result.state = "stopped"
         write_json(record, result_dict(result))
-        line = stopped_line(stop.received, exc.name, len(result.trials), plan.out, plan.again)
+        runs = sum(len(c.blocks) for c in result.outcome.comparisons)
+        line = stopped_line(stop.received, exc.name, len(result.trials), plan.out, plan.again, runs)
         raise TuneStopped(line) from None
     result.waterfall = waterfall(
         result.outcome, plan.job, plan.price, plan.config.checkpoint.interruption_rate

@@ -59,10 +59,20 @@ class StopSignals:
 
 
 def stopped_line(
-    received: signal.Signals | None, trial: str | None, kept: int, out: Path, again: str
+    received: signal.Signals | None,
+    trial: str | None,
+    kept: int,
+    out: Path,
+    again: str,
+    runs: int = 0,
 ) -> str:
-    """The one line a stopped tune ends with."""
+    """The one line a stopped tune ends with (`kept` trials and `runs` comparison runs)."""
     by = received.name if received is not None else "a signal"
     ended = f"trial {trial} was ended and runs again on resume; " if trial else ""
-    count = f"{kept} finished trial{'s' if kept != 1 else ''}"
-    return f"stopped by {by}: {ended}{count} kept in {out}: {again} to resume"
+    return f"stopped by {by}: {ended}{finished(kept, runs)} kept in {out}: {again} to resume"
+
+
+def finished(trials: int, runs: int) -> str:
+    """ "2 finished trials" (", 3 comparison runs" when there are any)."""
+    text = f"{trials} finished trial{'s' if trials != 1 else ''}"
+    return text + (f" and {runs} comparison run{'s' if runs != 1 else ''}" if runs else "")

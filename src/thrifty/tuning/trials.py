@@ -52,11 +52,14 @@ class Interrupted(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """A setting to try: `name` is its folder under trials/, `stage` the lever it changes."""
+    """A setting to try: `name` is its folder under trials/, `stage` the lever it changes;
+    `steps` the optimizer steps it runs, when not the tune's --steps (a paired comparison's
+    runs, `thrifty.tuning.compare`)."""
 
     name: str
     stage: str
     setting: Setting
+    steps: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,6 +132,11 @@ class Trial:
         data = dataclasses.asdict(self)
         data["setting"] = self.setting.config_values()
         return data
+
+
+def warmup_steps(setting: Setting) -> int:
+    """The first steps a run leaves out of its figures (torch.compile compiles in them)."""
+    return COMPILE_WARMUP_STEPS if setting.compile != "off" else 1
 
 
 def classify(exit_code: int, error: str) -> str:
@@ -286,9 +294,7 @@ class ChildTrials:
     def command(self, candidate: Candidate) -> list[str]:
         """The `thrifty train` arguments after the config."""
         setting = candidate.setting
-        steps = self.steps
-        if setting.compile != "off":
-            steps = max(steps, COMPILE_WARMUP_STEPS + 1)
+        steps = max(candidate.steps or self.steps, warmup_steps(setting) + 1)
         command = ["train", "--out", str(self.run_dir(candidate)), "--steps", str(steps)]
         base = self.base.config_values()
         for key, value in setting.config_values().items():

@@ -1,8 +1,10 @@
 """The waterfall from the baseline (the config as given) to the winner, lever by lever: the
 seeds' case study for the user's own job, measured.
 
-Each lever's speed-up is measured: the throughput of the best trial after its stage over the
-best before it. The planner's `apply_levers` turns them into cost (cost = hours x price, so
+Each lever's speed-up is measured: the paired comparison that kept it (its candidate against
+the incumbent in alternating runs, `thrifty.tuning.compare`), with its 90% interval; a
+lever no comparison kept is not in it, and none is when the winner's re-measurement against
+the config as given reverted to it. The planner's `apply_levers` turns them into cost (cost = hours x price, so
 the levers multiply), with the spot lever from `thrifty.plan.spot` for the job's catalog
 instance. Without a price the waterfall is in hours. When the job's length is not known
 (no run.max_steps or run.max_tokens), it is per million tokens (per thousand samples).
@@ -16,6 +18,7 @@ from typing import Any
 
 from thrifty.plan.levers import LeverInputs, LeverPlan, LeverStep, apply_levers
 from thrifty.plan.spot import SpotPlan
+from thrifty.tuning.compare import Comparison
 from thrifty.tuning.pricing import Job, Price, spot_plan
 from thrifty.tuning.search import Outcome
 from thrifty.tuning.trials import Trial
@@ -32,18 +35,24 @@ PER_UNIT = {"tokens": (1e6, "million tokens"), "samples": (1e3, "thousand sample
 
 @dataclass(frozen=True, slots=True)
 class Waterfall:
-    """The levers in sequence; figures in `unit` ("USD" or "hours") per `plan.period`."""
+    """The levers in sequence; figures in `unit` ("USD" or "hours") per `plan.period`.
+    `measured` holds each measured lever's paired speed-up by the planner's name for it
+    (ratio, low, high, rounds, confidence, and the comparison's name)."""
 
     plan: LeverPlan
     unit: str
     spot: SpotPlan | None
+    measured: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "unit": self.unit,
             **self.plan.as_dict(),
             "spot": self.spot.as_dict() if self.spot else None,
         }
+        for step in data["steps"]:
+            step["measured"] = self.measured.get(step["lever"])
+        return data
 
 
 def waterfall(
@@ -54,7 +63,7 @@ def waterfall(
     if base is None or not base.ok or outcome.winner is None:
         return None
     unit = outcome.unit
-    speedups, details = _measured(outcome.path, unit)
+    speedups, details, measured = _measured(outcome.levers, unit)
     hours, period = _hours(base, job, unit)
     rate_per_hour = 1.0
     notes = []
@@ -88,20 +97,29 @@ def waterfall(
         steps.append(LeverStep(name, "hours per run", details[name], before, after))
     notes.insert(0, _baseline_note(base, unit, hours, period, price))
     plan = LeverPlan(period=period, baseline=planned.baseline, steps=steps, assumptions=notes)
-    return Waterfall(plan, "USD" if price.priced else "hours", spot)
+    return Waterfall(plan, "USD" if price.priced else "hours", spot, measured)
 
 
-def _measured(path: list[Trial], unit: str) -> tuple[dict[str, float], dict[str, str]]:
-    """Each stage's speed-up over the best trial before it, and what it changed."""
+def _measured(
+    levers: list[Comparison], unit: str
+) -> tuple[dict[str, float], dict[str, str], dict[str, dict[str, Any]]]:
+    """Each kept lever's paired speed-up by stage, what it changed (by the planner's name),
+    and its figures."""
     speedups: dict[str, float] = {}
     details: dict[str, str] = {}
-    for before, after in zip(path, path[1:], strict=False):
-        ratio = (after.rate(unit) or 0.0) / (before.rate(unit) or 1.0)
-        speedups[after.stage] = ratio
-        details[LEVER_NAMES[after.stage]] = (
-            f"{change(before, after)}: {ratio:.2f}x {unit}/s (measured)"
+    figures: dict[str, dict[str, Any]] = {}
+    for c in levers:
+        est = c.estimate
+        if est is None:  # a kept comparison always has one
+            continue
+        name = LEVER_NAMES[c.stage]
+        speedups[c.stage] = est.ratio
+        details[name] = (
+            f"{change(c.incumbent, c.candidate)}: {est.describe()} {unit}/s "
+            f"(paired, {est.rounds} rounds)"
         )
-    return speedups, details
+        figures[name] = {**est.to_dict(), "comparison": c.name}
+    return speedups, details, figures
 
 
 def change(before: Trial, after: Trial) -> str:
