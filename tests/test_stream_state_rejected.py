@@ -48,7 +48,9 @@ def test_a_killed_run_whose_stream_rejects_its_state_says_so_in_one_line(
     assert last == "thrifty: error: " + rejected("train_data (Picky)", error)
     # Nothing was lost: the pipeline that wrote the checkpoint resumes from it.
     assert (run / "checkpoints" / "step-00000004" / "manifest.json").exists()
-    again = subprocess.run(train(config, run), capture_output=True, text=True, env=env())
+    again = subprocess.run(
+        train(config, run), capture_output=True, text=True, env=env(), timeout=120
+    )
     assert again.returncode == 0, again.stderr
     assert "resumed from step 4" in again.stderr
 

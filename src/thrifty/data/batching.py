@@ -18,6 +18,7 @@ from thrifty.data.loading import (
     WorkerChoice,
     build_loader,
     choose_num_workers,
+    close_workers,
     resolve_pin_memory,
 )
 from thrifty.data.sampling import EpochSampler, SeededSamples, training_rng_kept
@@ -248,6 +249,14 @@ class TrainBatches:
     def close(self) -> None:
         """Stop the workers: they ignore SIGTERM (the main process handles it), so they are
         stopped here rather than left to the interpreter's exit."""
-        close = getattr(self.source.loader, "close", None)
+        loader = self.source.loader
+        close = getattr(loader, "close", None)
         if close is not None:
             close()
+            return
+        # A loader thrifty did not build (a StatefulDataLoader, your DataLoader) keeps its live
+        # iterator, and with it the workers, for as long as anything holds the loader.
+        live = getattr(loader, "_iterator", None)
+        if live is not None:
+            close_workers([live])
+            loader._iterator = None
