@@ -252,19 +252,9 @@ class Children:
     def __init__(self) -> None:
         self.started: list[Child] = []
 
-    def start(
-        self,
-        command: Sequence[str],
-        env: Mapping[str, str],
-        log: Path,
-        label: str,
-        *,
-        tether: bytes | None = None,
-        pass_fds: Sequence[int] = (),
-        redact: bool = False,
-    ) -> Child:
-        """Start a `Child` (see it for the options)."""
-        child = Child(command, env, log, label, tether=tether, pass_fds=pass_fds, redact=redact)
+    def keep(self, child: Child) -> Child:
+        """`child`, just started, kept so that `kill_all` reaches it:
+        `children.keep(Child(command, env, log, label))`."""
         self.started.append(child)
         return child
 

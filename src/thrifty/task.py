@@ -66,20 +66,28 @@ class Task:
 
 def call_factory(factory: Any, args: dict[str, Any], field: str, args_field: str) -> Any:
     """Call `factory(**args)`, or say in one line which keyword it does not take."""
+    misfit = _misfit(factory, **args)
+    if misfit is not None:
+        exc, accepts = misfit
+        raise ConfigError(
+            f"{args_field} does not fit {field} = {factory.__module__}:"
+            f"{factory.__qualname__}: {exc}; it takes ({accepts})"
+        )
+    return factory(**args)
+
+
+def _misfit(factory: Any, *args: Any, **kwargs: Any) -> tuple[TypeError, str] | None:
+    """Why `factory(*args, **kwargs)` would not bind, with the parameters it takes ("a, b" or
+    "no arguments"); None when it binds, or when it has no signature (the call will say)."""
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):  # a builtin without a signature: let the call say
-        signature = None
-    if signature is not None:
-        try:
-            signature.bind(**args)
-        except TypeError as exc:
-            accepts = ", ".join(signature.parameters) or "no arguments"
-            raise ConfigError(
-                f"{args_field} does not fit {field} = {factory.__module__}:"
-                f"{factory.__qualname__}: {exc}; it takes ({accepts})"
-            ) from None
-    return factory(**args)
+        return None
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        return exc, ", ".join(signature.parameters) or "no arguments"
+    return None
 
 
 def build_task(config: TrainConfig) -> Task:
@@ -119,17 +127,11 @@ def scheduler_factory(path: str, args: dict[str, Any]) -> Any:
     from thrifty.levers.user_scheduler import ConfigScheduler
 
     factory = import_object(path, "task.scheduler")
-    try:
-        signature = inspect.signature(factory)
-    except (TypeError, ValueError):  # a builtin without a signature: let the call say
-        signature = None
-    if signature is not None:
-        try:
-            signature.bind(None, **args)  # None stands for the optimizer
-        except TypeError as exc:
-            accepts = ", ".join(signature.parameters) or "no arguments"
-            raise ConfigError(
-                f"task.scheduler_args does not fit task.scheduler = {path!r}: {exc}; it takes "
-                f"({accepts}), the optimizer first"
-            ) from None
+    misfit = _misfit(factory, None, **args)  # None stands for the optimizer
+    if misfit is not None:
+        exc, accepts = misfit
+        raise ConfigError(
+            f"task.scheduler_args does not fit task.scheduler = {path!r}: {exc}; it takes "
+            f"({accepts}), the optimizer first"
+        )
     return ConfigScheduler(factory, dict(args), f"task.scheduler = {path!r}")

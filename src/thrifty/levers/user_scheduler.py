@@ -48,6 +48,18 @@ class ConfigScheduler:
         return self.factory(optimizer, **self.args)
 
 
+def _through(name: str) -> Any:
+    """A property reading and writing the wrapped scheduler's attribute `name`."""
+
+    def get(self: UserScheduler) -> Any:
+        return getattr(self.scheduler, name)
+
+    def set_(self: UserScheduler, value: Any) -> None:
+        setattr(self.scheduler, name, value)
+
+    return property(get, set_)
+
+
 class UserScheduler:
     """A user's LRScheduler as the run steps it.
 
@@ -72,21 +84,8 @@ class UserScheduler:
     def optimizer(self) -> torch.optim.Optimizer:
         return self.scheduler.optimizer
 
-    @property
-    def base_lrs(self) -> list[Any]:
-        return self.scheduler.base_lrs
-
-    @base_lrs.setter
-    def base_lrs(self, value: list[Any]) -> None:  # a rollback scales the peak rates
-        self.scheduler.base_lrs = value
-
-    @property
-    def _last_lr(self) -> list[Any]:
-        return self.scheduler._last_lr
-
-    @_last_lr.setter
-    def _last_lr(self, value: list[Any]) -> None:  # set with base_lrs by a rollback
-        self.scheduler._last_lr = value
+    base_lrs = _through("base_lrs")  # a rollback scales the peak rates
+    _last_lr = _through("_last_lr")  # set with base_lrs by a rollback
 
     @property
     def last_epoch(self) -> int:

@@ -326,14 +326,16 @@ class ChildTrials:
         command = [sys.executable, "-m", TRIAL_MODULE, str(steps.child_fd)]
         log = run_dir / "train.log"
         try:
-            child = self.children.start(
-                [*command, *self.command(candidate)],
-                self.env,
-                log,
-                candidate.name,
-                tether=self.toml,
-                pass_fds=(steps.child_fd,),
-                redact=True,
+            child = self.children.keep(
+                Child(
+                    [*command, *self.command(candidate)],
+                    self.env,
+                    log,
+                    candidate.name,
+                    tether=self.toml,
+                    pass_fds=(steps.child_fd,),
+                    redact=True,
+                )
             )
         except BaseException:
             steps.close()

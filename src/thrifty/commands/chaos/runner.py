@@ -218,7 +218,7 @@ def _start_training(
     env = dict(os.environ)
     env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     command = [sys.executable, "-m", "thrifty", "train", str(config), "--out", str(run_dir)]
-    return children.start(command, env, log, label)
+    return children.keep(Child(command, env, log, label))
 
 
 def _wait(job: Child, timeout: float) -> int:

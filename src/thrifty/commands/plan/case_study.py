@@ -202,11 +202,8 @@ def _lever_checks() -> list[Check]:
     p = PUBLISHED
     chain = p["spot_per_run"] * p["bf16_hours"] / p["hours"] * p["batch_hours"] / p["bf16_hours"]
     return [
-        _check(
-            "spot saving $ = on-demand - spot",
-            fmt_dollars(p["spot_saving"]),
-            fmt_dollars(p["on_demand_per_run"] - p["spot_per_run"]),
-            p["spot_saving"] == p["on_demand_per_run"] - p["spot_per_run"],
+        _saving_check(
+            "spot saving $ = on-demand - spot", "spot_saving", "on_demand_per_run", "spot_per_run"
         ),
         _pct_check(
             "spot saving %", p["spot_saving_pct"], p["spot_saving"] / p["on_demand_per_run"]
@@ -262,12 +259,7 @@ def _run_count_checks() -> list[Check]:
                 ("after", "annual_after", "per_run_after"),
             )
         ),
-        _check(
-            "annual saving",
-            fmt_dollars(p["annual_saving"]),
-            fmt_dollars(p["annual_before"] - p["annual_after"]),
-            p["annual_saving"] == p["annual_before"] - p["annual_after"],
-        ),
+        _saving_check("annual saving", "annual_saving", "annual_before", "annual_after"),
         _check(
             "early stopping: runs a month",
             f"'(4 runs/month)' beside '{runs} runs x 40h' (table); '4 of the {runs} monthly runs'"
@@ -416,6 +408,17 @@ def _flops(value: float) -> str:
 
 def _check(claim: str, published: str, recomputed: str, agrees: bool) -> Check:
     return Check(claim, published, recomputed, bool(agrees))
+
+
+def _saving_check(claim: str, saving: str, before: str, after: str) -> Check:
+    """A published saving in dollars against its own before and after (keys of PUBLISHED)."""
+    p = PUBLISHED
+    return _check(
+        claim,
+        fmt_dollars(p[saving]),
+        fmt_dollars(p[before] - p[after]),
+        p[saving] == p[before] - p[after],
+    )
 
 
 def _pct_check(claim: str, published: float, recomputed: float) -> Check:
