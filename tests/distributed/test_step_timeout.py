@@ -39,6 +39,10 @@ from thrifty.strategies.process_group import Distributed
 from thrifty.strategies.timeouts import CollectiveTimeouts, lost_rank_error
 
 STEPS, KILL_AFTER = 24, 5  # the short timeout is in force from step 3 (steady_after)
+# A healthy step here takes well under a second, and a machine whose cores other jobs hold
+# can make it take a few: the step timeout is far above what a busy machine can reach, yet
+# its end comes long before the start-up timeout (10m) and TIMEOUT, the bound on the wait.
+STEP_TIMEOUT = "20s"
 
 CONFIG = """
 [run]
@@ -66,7 +70,7 @@ peak_tflops = 1.0
 
 [distributed]
 timeout = "10m"
-step_timeout = "3s"
+step_timeout = "{step_timeout}"
 
 [task]
 model = "dist_task:model"
@@ -135,16 +139,16 @@ def test_a_rank_lost_mid_run_ends_the_job_resumably_and_the_rerun_finishes(
     tmp_path, world, how, resume_on
 ):
     config = tmp_path / "run.toml"
-    config.write_text(CONFIG.format(steps=STEPS))
+    config.write_text(CONFIG.format(steps=STEPS, step_timeout=STEP_TIMEOUT))
     out = tmp_path / "run"
     left = lose_a_rank(config, out, world, how)
     saved = int(newest_checkpoint(out).name.removeprefix("step-"))
     assert saved >= 2
     lost = world - 1
     said = (
-        f"rank {lost} stopped answering within distributed.step_timeout = 3s (its process or "
-        f"machine is gone; the ranks left cannot save without it): run the job again to resume "
-        f"from the checkpoint of step {saved} (exit code 75)"
+        f"rank {lost} stopped answering within distributed.step_timeout = {STEP_TIMEOUT} (its "
+        f"process or machine is gone; the ranks left cannot save without it): run the job again "
+        f"to resume from the checkpoint of step {saved} (exit code 75)"
     )
     for rank, (code, stderr) in enumerate(left):
         prefix = "thrifty: error: " if rank == 0 else f"thrifty: error: rank {rank}: "

@@ -44,9 +44,9 @@ _LOST_MARKERS = (
     "Timed out waiting",
     "Broken pipe",
 )
-# Seconds the ranks left wait for one another to say they are alive, to name the lost rank
-# (at most distributed.step_timeout), and the more seconds rank 0 stays: under a launcher
-# without its own store, rank 0 hosts the one the others are still reading.
+# Seconds the ranks left wait for one another to say they are alive, to name the lost rank,
+# beyond distributed.step_timeout (the last of them arrives when it ends); and the more seconds
+# rank 0 stays: under a launcher without its own store, rank 0 hosts the one the others read.
 _PROBE_SECONDS = 10.0
 _HOST_LINGERS = 2.0
 
@@ -136,7 +136,9 @@ def lost_rank_error(
     any other error). `newest_step`: the step of the newest checkpoint this run has."""
     if not d.enabled or not lost_contact(exc):
         return None
-    missing = missing_ranks(d, min(_PROBE_SECONDS, d.timeouts.config.step_timeout_seconds))
+    # A rank that saw the lost one's connection close comes here at once; one blocked in the
+    # collective only when the step timeout ends: asked for less, it would be named lost too.
+    missing = missing_ranks(d, d.timeouts.config.step_timeout_seconds + _PROBE_SECONDS)
     if not missing:
         who = "another rank"
     else:
