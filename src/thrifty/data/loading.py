@@ -357,7 +357,10 @@ def measure_fetch_time(
                 break
         return (time.perf_counter() - start) / done
     finally:
-        del it  # shuts the workers down
+        # Now, not in the iterator's __del__: a worker a stop signal to the group ended would
+        # make torch's shutdown raise there, and print a traceback the run cannot catch.
+        close_workers([it])
+        del it
 
 
 # (dataset, settings, collate_fn) -> seconds per batch

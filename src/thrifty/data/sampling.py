@@ -180,9 +180,8 @@ def probe_draws(dataset: Dataset, seed: int = 0, samples: int = PROBE_SAMPLES) -
     fetches, each with every generator seeded from (`seed`, its position); a generator whose
     next number is not then the seed's first was used.
 
-    Samples are read one by one (`dataset[i]`), as the FLOP count reads its sample: a
-    dataset's batched path (`__getitems__`) serves the training alone. The answer depends only
-    on the dataset and `seed`, never on timing or on where a run starts, so a resumed run finds what the uninterrupted one found. Every generator is left
+    The answer depends only on the dataset and `seed`, never on timing or on where a run
+    starts, so a resumed run finds what the uninterrupted one found. Every generator is left
     as it was: the probe shifts no training stream.
     """
     n = len(cast(Sized, dataset))
@@ -198,8 +197,7 @@ def probe_draws(dataset: Dataset, seed: int = 0, samples: int = PROBE_SAMPLES) -
             seed_generators(batch_seed)
             expected = _first_numbers()
             seed_generators(batch_seed)
-            for index in indices[start : start + per_call]:
-                dataset[index]  # one by one, as FLOPs are counted: __getitems__ serves training
+            _fetch(dataset, indices[start : start + per_call])
             got = _first_numbers()
             used.update(name for name, x in got.items() if expected.get(name) != x)
     return tuple(name for name in GENERATORS if name in used)
