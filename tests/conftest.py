@@ -5,6 +5,9 @@ import os
 import pytest
 import torch
 
+# Fixtures for the tests that need a real PostgreSQL server: `postgres_url`, `postgres_db`.
+pytest_plugins = ["postgres_server"]
+
 # Never let `spot.provider = auto` find a cloud and poll its metadata server from a test (or from
 # the training processes tests start): only servers the tests start on loopback are reached.
 os.environ["THRIFTY_SPOT_PROVIDER"] = "none"
