@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench clean chromium
+.PHONY: demo test lint bench clean chromium postgresql
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,15 @@ chromium:
 	    apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "no chromium (needs apt-get as root): the report's browser test will be skipped"
 
-test: $(STAMP) chromium
+# The sweep's PostgreSQL test starts a throwaway server with Debian's initdb and pg_ctl: installed
+# here where apt-get can (as root); elsewhere the test is skipped and says why.
+postgresql:
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    apt-get update -qq && apt-get install -y -qq postgresql >/dev/null; } || \
+	  echo "no PostgreSQL (needs apt-get as root): the sweep's PostgreSQL test will be skipped"
+
+test: $(STAMP) chromium postgresql
 	$(PY) -m ruff check src tests benchmarks examples
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
