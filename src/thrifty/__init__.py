@@ -38,6 +38,7 @@ _EXPORTS = {
     "LoaderSettings": "thrifty.data.loading",
     "EarlyStopping": "thrifty.levers.early_stopping",
     "tune": "thrifty.tuning",
+    "sweep": "thrifty.sweeps",
     "ThriftyError": "thrifty.errors",
     "ConfigError": "thrifty.errors",
     "DataSourceError": "thrifty.errors",

@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "thrifty.commands.prices",
     "thrifty.commands.plan",
     "thrifty.commands.tune",
+    "thrifty.commands.sweep",
     "thrifty.commands.report",
     "thrifty.commands.launch",
 )

@@ -19,6 +19,7 @@ from thrifty.config.files import (
     parse_override_value,
     parse_set_args,
     read_config_file,
+    toml_literal,
     toml_loads,
 )
 from thrifty.config.guard import GuardConfig
@@ -75,5 +76,6 @@ __all__ = [
     "parse_override_value",
     "parse_set_args",
     "read_config_file",
+    "toml_literal",
     "toml_loads",
 ]

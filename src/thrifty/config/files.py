@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterable, Mapping
@@ -51,6 +52,18 @@ def apply_overrides(
                 raise ConfigError(f"override {dotted!r} is invalid: {part} is not a section")
         table[parts[-1]] = value
     return result
+
+
+def toml_literal(value: Any) -> str:
+    """`value` as the TOML a `--set section.key=VALUE` reads back as it: strings quoted,
+    booleans lower-case, lists as arrays, numbers as they are (floats exactly, by repr)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_literal(v) for v in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
 
 
 def parse_set_args(items: Iterable[str]) -> list[tuple[str, str]]:

@@ -14,8 +14,9 @@ one place that applies it:
   neither early stopping nor the forecast is judged, and a budget spent at that step waits for
   the resume.
 - MAX_STEPS, MAX_TOKENS, MAX_TIME: the budget; steps before tokens before seconds.
-- EARLY_STOPPING, FORECAST: an evaluation's verdict; the budget spent at the same step wins,
-  and the forecast is not consulted once early stopping has stopped the run.
+- EARLY_STOPPING, FORECAST, PRUNED: an evaluation's verdict; the budget spent at the same
+  step wins, and the forecast is not consulted once early stopping has stopped the run, nor a
+  sweep's pruner (`thrifty.run.judge`) once either has.
 - DATA_EXHAUSTED: the data ran out with nothing else said.
 
 When the data raised, the Trainer does not choose among reasons: the stop is PREEMPTED where a
@@ -40,6 +41,7 @@ class StopReason(str, enum.Enum):
     MAX_TIME = "max_time"
     EARLY_STOPPING = "early_stopping"
     FORECAST = "forecast"
+    PRUNED = "pruned"
     DATA_EXHAUSTED = "data_exhausted"
 
     # The word itself wherever it is printed: Python 3.11 formats a mixed-in enum as
@@ -93,5 +95,7 @@ class StopReason(str, enum.Enum):
 
 _RANK = {member: rank for rank, member in enumerate(StopReason)}
 
-EARLY_STOPS = frozenset({StopReason.EARLY_STOPPING, StopReason.FORECAST, StopReason.DIVERGED})
+EARLY_STOPS = frozenset(
+    {StopReason.EARLY_STOPPING, StopReason.FORECAST, StopReason.PRUNED, StopReason.DIVERGED}
+)
 UNFINISHED = frozenset({StopReason.PREEMPTED, StopReason.DATA_ERROR})

@@ -17,6 +17,7 @@ from thrifty.records.stop import EARLY_STOPS, StopReason
 from thrifty.run.checkpointer import RunCheckpointer
 from thrifty.run.forecast import cannot_reach
 from thrifty.run.guard import rewind_schedule, scale_learning_rate
+from thrifty.run.judge import from_environment
 from thrifty.strategies.process_group import Distributed
 
 log = logging.getLogger("thrifty")
@@ -38,6 +39,7 @@ class RunWatch:
         self.budget = budget
         self.progress = checkpointer.progress
         self.parts = checkpointer.parts
+        self.judge = from_environment(dist.world_size)  # a sweep's trial: its pruner's say
 
     def log_event(self, **fields: Any) -> None:
         metrics = self.checkpointer.metrics
@@ -47,8 +49,9 @@ class RunWatch:
     # --- after an evaluation -------------------------------------------------------------------
 
     def evaluated(self, val_loss: float | None) -> StopReason | None:
-        """Record an evaluation, feed early stopping and the forecast; EARLY_STOPPING or
-        FORECAST when the run should end here (early stopping first: `StopReason` order)."""
+        """Record an evaluation, feed early stopping and the forecast, and in a sweep's trial
+        ask its pruner; EARLY_STOPPING, FORECAST or PRUNED when the run should end here (in that
+        order: `StopReason`)."""
         s = self.progress
         s.eval_pending = False
         s.val_loss = val_loss
@@ -60,7 +63,20 @@ class RunWatch:
             s.val_losses.append(val_loss)
         if self.parts.early_stopping.update(val_loss):
             return StopReason.EARLY_STOPPING
-        return self._forecast()
+        forecast = self._forecast()
+        if forecast is None and s.step > 0 and self._pruned(val_loss):
+            return StopReason.PRUNED
+        return forecast
+
+    def _pruned(self, val_loss: float) -> bool:
+        if self.judge is None:
+            return False
+        end = self.budget.end_step(self.progress)
+        if not self.judge.prunes(self.progress.step, val_loss, end):
+            return False
+        log.warning("pruned by the sweep at step %d", self.progress.step)
+        self.log_event(event="pruned")
+        return True
 
     def _forecast(self) -> StopReason | None:
         """With early_stopping.target: FORECAST once the validation curve, fitted and

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.children import Child, Children, error_in
+from thrifty.config import toml_literal
 from thrifty.tuning.space import Setting
 
 POLL_SECONDS = 0.1
@@ -299,7 +300,7 @@ class ChildTrials:
         base = self.base.config_values()
         for key, value in setting.config_values().items():
             if value != base[key]:
-                command += ["--set", f"{key}={toml_value(value)}"]
+                command += ["--set", f"{key}={toml_literal(value)}"]
         if setting.precision in self.peaks:
             command += ["--set", f"measure.peak_tflops={self.peaks[setting.precision]!r}"]
         return command
@@ -457,10 +458,3 @@ def _peak_rss(pid: int) -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def toml_value(value: Any) -> str:
-    """A --set value as TOML: strings quoted, lists as arrays, numbers as they are."""
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    return json.dumps(value) if isinstance(value, str) else str(value)

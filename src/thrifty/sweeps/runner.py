@@ -1,0 +1,195 @@
+"""The sweep itself: K workers asking Optuna for trials and running them, within a budget.
+
+Each worker is a thread of the sweep's process and each trial its own process
+(`thrifty.sweeps.trial`), so K workers run K trials at once, each with an equal share of the
+machine's cores (OMP_NUM_THREADS, torch's intra-op threads). A worker first requeues the trials
+orphaned by a dead worker (`thrifty.sweeps.study`), then asks: Optuna hands out a waiting trial
+(preempted, orphaned) before it samples a new one, so an interrupted trial resumes before the
+search goes on. It stops asking once the study holds --trials trials, or once the budget cannot
+pay for one more (a trial in flight always finishes or is pruned: never cut off unsaved).
+
+A SIGTERM or SIGINT to the sweep is passed to every trial (each saves a checkpoint and goes back
+in the queue); the sweep then exits 75, and the same command continues it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from thrifty.children import Children
+from thrifty.errors import ThriftyError
+from thrifty.sweeps import results
+from thrifty.sweeps.space import Space
+from thrifty.sweeps.study import requeue_orphans
+from thrifty.sweeps.trial import SECONDS_KEY, Ended, TrialSetup, run_trial, wait_for_children
+
+STOP_GRACE_SECONDS = 120.0  # a trial's emergency checkpoint after the sweep's stop signal
+
+
+class SweepStopped(ThriftyError):
+    """The sweep was asked to stop: its trials saved and wait; the same command continues."""
+
+    exit_code = 75
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """--budget: `seconds` of trial time (all workers' trials summed) or `usd`."""
+
+    seconds: float | None = None
+    usd: float | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> Budget:
+        from thrifty.config import parse_duration
+
+        if text is None:
+            return cls()
+        text = text.strip()
+        if text.startswith("$"):
+            try:
+                usd = float(text[1:])
+            except ValueError:
+                usd = math.nan
+            if not (math.isfinite(usd) and usd > 0):
+                raise ThriftyError(f"--budget {text!r} is invalid: dollars above 0, e.g. $40")
+            return cls(usd=usd)
+        try:
+            seconds = parse_duration(text, "--budget")
+        except Exception:
+            raise ThriftyError(
+                f"--budget {text!r} is invalid: a time (90m, 2h) or dollars ($40)"
+            ) from None
+        if seconds <= 0:
+            raise ThriftyError(f"--budget {text!r} is invalid: a time above 0, e.g. 2h")
+        return cls(seconds=seconds)
+
+    def describe(self) -> str:
+        if self.usd is not None:
+            return f"${self.usd:,.2f}"
+        if self.seconds is not None:
+            return f"{self.seconds / 3600:.2f} h of trial time"
+        return "none"
+
+
+@dataclass
+class Sweep:
+    """One sweep, ready to run (built by `thrifty.sweeps.plan.make_sweep`)."""
+
+    study: optuna.Study
+    setup: TrialSetup
+    space: Space
+    trials: int | None
+    budget: Budget
+    workers: int
+    say: Callable[[str], None]
+    stopping: threading.Event = field(default_factory=threading.Event)
+    signalled: threading.Event = field(default_factory=threading.Event)  # SIGTERM, SIGINT
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    ended: list[Ended] = field(default_factory=list)
+
+
+def run_sweep(sweep: Sweep) -> dict[str, Any]:
+    """Run the sweep's workers to the end; returns the sweep's record (sweep.json). Raises
+    SweepStopped after a stop signal, once every trial has saved."""
+    children = Children()
+    threads = [
+        threading.Thread(target=_worker, args=(sweep, children), name=f"sweep-worker-{i}")
+        for i in range(sweep.workers)
+    ]
+    with _stop_signals(sweep):
+        for thread in threads:
+            thread.start()
+        try:
+            while any(t.is_alive() for t in threads):
+                for thread in threads:
+                    thread.join(0.2)
+        finally:
+            sweep.stopping.set()
+            wait_for_children(children, STOP_GRACE_SECONDS)
+            for thread in threads:
+                thread.join()
+            sweep.setup.leases.stop.set()
+    record = results.write(sweep.study, sweep.setup.out, sweep.budget)
+    if sweep.signalled.is_set():
+        waiting = sum(1 for e in sweep.ended if e.state == "requeued")
+        raise SweepStopped(
+            f"sweep stopped: {waiting} trial(s) saved and waiting; run the same command to "
+            "continue it (exit code 75)"
+        )
+    return record
+
+
+@contextmanager
+def _stop_signals(sweep: Sweep) -> Iterator[None]:
+    """SIGTERM and SIGINT stop the sweep (the workers pass the stop on to their trials)."""
+    previous = {}
+
+    def handler(signum: int, _frame: Any) -> None:
+        sweep.signalled.set()
+        sweep.stopping.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _worker(sweep: Sweep, children: Children) -> None:
+    while not sweep.stopping.is_set():
+        with sweep.lock:
+            requeue_orphans(sweep.study)
+            if not _may_start(sweep):
+                return
+            trial = sweep.study.ask()
+            params = sweep.space.suggest(trial)
+        resumed = SECONDS_KEY in sweep.setup.storage.get_trial(trial._trial_id).user_attrs
+        sweep.say(
+            f"trial {trial.number}: {'resumed' if resumed else 'started'} "
+            + " ".join(f"{k}={_show(v)}" for k, v in params.items())
+        )
+        ended = run_trial(sweep.setup, sweep.study, trial, params, children, sweep.stopping)
+        sweep.ended.append(ended)
+        detail = f" ({ended.detail})" if ended.detail else ""
+        sweep.say(f"trial {ended.number}: {ended.state}{detail}")
+        if ended.state == "failed" and "No space left" in ended.detail:
+            sweep.stopping.set()
+
+
+def _show(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _may_start(sweep: Sweep) -> bool:
+    """Whether one more trial may start: a waiting one always may (it was paid for when it
+    started); a new one while the study holds fewer than --trials and the budget can pay for it."""
+    trials = sweep.study.get_trials(deepcopy=False)
+    if any(t.state == TrialState.WAITING for t in trials):
+        return True
+    if sweep.trials is not None and len(trials) >= sweep.trials:
+        return False
+    return results.budget_allows(trials, sweep.budget, sweep.say)
+
+
+def threads_per_trial(workers: int) -> int:
+    """Each trial's share of the cores: OMP_NUM_THREADS for K trials at once."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // workers)
+
+
+def trial_env(workers: int) -> dict[str, str]:
+    threads = str(threads_per_trial(workers))
+    return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}

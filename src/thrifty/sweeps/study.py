@@ -1,0 +1,174 @@
+"""A sweep's Optuna study: where it is stored, what it was made from, and which trial is alive.
+
+Storage. By default the study is a journal file in the sweep's folder, `DIR/study.journal`
+(Optuna's `JournalStorage` over `JournalFileBackend`): every change is one appended record, taken
+under a lock file, so several processes on one machine share it, and a process killed by
+SIGKILL mid-write leaves at most a record that is not there yet (its lock is broken after a
+grace period). SQLite would serve one process well, but several writing at once meet
+"database is locked"; the journal is what Optuna advises for that. `--storage URL` (any URL
+Optuna's RDBStorage takes: postgresql://, mysql://) shares one study between machines.
+
+Identity. The study keeps, as user attributes, the fingerprint of the config and the space it
+was made from; a run of the sweep with a different one is refused (one line), never mixed in.
+
+Liveness. A trial being run holds a lease in the study (`thrifty.lease`: host, pid, process
+start time, and an expiry its worker renews every few seconds). A RUNNING trial whose lease
+has expired, or whose process is gone from this very machine, was orphaned (its worker
+preempted or SIGKILLed): `requeue_orphans` puts it back in the queue (WAITING), and the next
+`ask` of any worker takes it up again with the parameters it had and resumes its run from its
+own checkpoint. Optuna's own heartbeat would mark such a trial FAILED, and exists for RDB
+storages only; the lease works on every storage, and the trial's run lock
+(`thrifty.run.lock`) still keeps two processes off one run directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from thrifty.errors import ConfigError, ThriftyError
+from thrifty.redact import redact_text
+
+if TYPE_CHECKING:
+    import optuna
+
+JOURNAL = "study.journal"
+LEASE_KEY = "thrifty.lease"
+LEASE_SECONDS = 60.0  # a worker renews every LEASE_SECONDS / 6
+FINGERPRINT_KEY = "thrifty.fingerprint"
+
+
+def fingerprint(config: Mapping[str, Any], space: str) -> str:
+    """What a sweep is made from, as a short hash: the base config (overrides applied) and the
+    space."""
+    text = json.dumps({"config": config, "space": space}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def open_storage(out: Path, url: str | None) -> Any:
+    """The study's storage: the journal file in `out`, or the database at `url`. A database that
+    cannot be reached is one line (the URL without its password)."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    if url is None:
+        return JournalStorage(JournalFileBackend(str(out / JOURNAL)))
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=_engine_options(url))
+    except ImportError as exc:
+        raise ThriftyError(
+            f"--storage {redact_text(url)}: its driver is not installed ({exc}); for PostgreSQL "
+            "pip install 'thrifty[postgres]'"
+        ) from None
+    except Exception as exc:  # sqlalchemy's errors: the server is down, refused, unknown
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ThriftyError(
+            f"--storage {redact_text(url)}: cannot open the study's database: "
+            f"{redact_text(first)}; check that the server is up and the URL is right"
+        ) from None
+
+
+def _engine_options(url: str) -> dict[str, Any]:
+    """A server that does not answer fails in seconds, not after the system's TCP timeout."""
+    if url.startswith(("postgresql", "postgres")):
+        return {"connect_args": {"connect_timeout": 10}}
+    return {}
+
+
+def load_or_create(
+    storage: Any, name: str, print_: str, sampler: Any, pruner: Any, seed: int | None
+) -> optuna.Study:
+    """The study `name` in `storage`, created on first use; `print_` is its fingerprint, and a
+    study made from another config or space is refused."""
+    import optuna
+
+    study = optuna.create_study(
+        storage=storage,
+        study_name=name,
+        direction="minimize",
+        sampler=sampler,
+        pruner=pruner,
+        load_if_exists=True,
+    )
+    known = study.user_attrs.get(FINGERPRINT_KEY)
+    if known is None:
+        study.set_user_attr(FINGERPRINT_KEY, print_)
+    elif known != print_:
+        raise ConfigError(
+            f"the sweep {name!r} was made from a different config or space (fingerprint "
+            f"{known}, now {print_}): give a new --out (or --study), or undo the change"
+        )
+    del seed
+    return study
+
+
+# --- leases --------------------------------------------------------------------------------
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (Linux: /proc/PID/stat field 22), to tell a reused pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def lease(seconds: float = LEASE_SECONDS) -> dict[str, Any]:
+    """A lease held by this process until `seconds` from now."""
+    pid = os.getpid()
+    return {
+        "host": socket.gethostname(),
+        "pid": pid,
+        "started": _start_time(pid),
+        "until": time.time() + seconds,
+    }
+
+
+def lease_expired(held: Mapping[str, Any] | None, now: float | None = None) -> bool:
+    """Whether a trial's lease no longer holds: past its expiry, or its process is gone from
+    this machine (a SIGKILLed worker is seen at once here, and elsewhere once it expires)."""
+    if not isinstance(held, Mapping):
+        return True
+    now = time.time() if now is None else now
+    if now > float(held.get("until", 0)):
+        return True
+    if held.get("host") != socket.gethostname():
+        return False
+    pid = held.get("pid")
+    if not isinstance(pid, int):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return held.get("started") is not None and _start_time(pid) != held.get("started")
+
+
+def requeue_orphans(study: optuna.Study) -> list[int]:
+    """Put every RUNNING trial whose lease no longer holds back in the queue (WAITING); the
+    numbers of those requeued. A trial just asked for, whose lease is not written yet, is left
+    alone for a lease's length."""
+    from optuna.trial import TrialState
+
+    requeued = []
+    now = time.time()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        held = trial.user_attrs.get(LEASE_KEY)
+        if held is None:
+            started = trial.datetime_start.timestamp() if trial.datetime_start else 0.0
+            if now - started < LEASE_SECONDS:
+                continue
+        elif not lease_expired(held, now):
+            continue
+        study._storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
+        requeued.append(trial.number)
+    return requeued

@@ -1,0 +1,300 @@
+"""One trial of a sweep: `thrifty train` in its own process, with the pruner's say after each
+evaluation.
+
+The trial's run is `thrifty train CONFIG --out DIR/trials/NNNN --set KEY=VALUE ...` started
+through `thrifty.tune_trial`, which receives the config (credentials included) on its stdin,
+never from a file, and ties the process's life to the sweep's (`thrifty.children`): if the
+sweep is SIGKILLed, so is the trial, and its last checkpoint is what the next sweep resumes.
+The run reports each evaluation on a pipe (`thrifty.run.judge`); the sweep reports it to
+Optuna and answers whether the run goes on.
+
+How a trial ends, for Optuna:
+- the run finished (exit 0): COMPLETE with its last validation loss (its training loss without
+  validation data), or PRUNED when the pruner stopped it; a run that diverged is FAILED;
+- the run was preempted (exit 75: a SIGTERM, a cloud notice; the sweep passes its own stop
+  signals on) or killed while the sweep stopped: back in the queue (WAITING), resumed from its
+  own checkpoint by the next worker to ask;
+- anything else (the config refused, a crash): FAILED, with the run's first error line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from thrifty.children import Child, Children
+from thrifty.config import toml_literal
+from thrifty.records.stop_signals import EXIT_PREEMPTED
+from thrifty.run.judge import ENV as JUDGE_ENV
+from thrifty.run.judge import GO, PRUNE
+from thrifty.sweeps import pruning
+from thrifty.sweeps.study import LEASE_KEY, lease
+
+TRIAL_MODULE = "thrifty.tune_trial"
+SECONDS_KEY = "thrifty.seconds"  # wall seconds of the trial's processes, all sessions summed
+RUN_DIR_KEY = "thrifty.run_dir"
+PRUNED_KEY = "thrifty.pruned"  # why it was pruned: step, value, reason, forecast, bound
+ERROR_KEY = "thrifty.error"
+SUMMARY_KEY = "thrifty.summary"  # steps, cost and stop reason from the run's summary.json
+POLL_SECONDS = 0.2
+IN_USE = " is in use by "  # the run lock's refusal (thrifty.run.lock)
+
+
+@dataclass
+class TrialSetup:
+    """What every trial of one sweep shares."""
+
+    config_text: bytes  # the base config file as given
+    overrides: list[str]  # the sweep's --set, passed to every trial
+    out: Path
+    env: dict[str, str]
+    pruner_name: str
+    pruner: Any
+    storage: Any
+    leases: Leases = field(default_factory=lambda: Leases())
+
+
+class Leases:
+    """The leases this process holds (see `thrifty.sweeps.study`), renewed by one thread."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, int] = {}  # trial id -> trial number
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+        self.stop = threading.Event()
+
+    def hold(self, storage: Any, trial_id: int) -> None:
+        storage.set_trial_user_attr(trial_id, LEASE_KEY, lease())
+        with self.lock:
+            self.held[trial_id] = trial_id
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._renew, args=(storage,), daemon=True)
+                self.thread.start()
+
+    def release(self, trial_id: int) -> None:
+        with self.lock:
+            self.held.pop(trial_id, None)
+
+    def _renew(self, storage: Any) -> None:
+        from thrifty.sweeps.study import LEASE_SECONDS
+
+        while not self.stop.wait(LEASE_SECONDS / 6):
+            with self.lock:
+                ids = list(self.held)
+            for trial_id in ids:
+                try:
+                    storage.set_trial_user_attr(trial_id, LEASE_KEY, lease())
+                except Exception:  # a finished trial, a storage blip: the next round retries
+                    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """How one session of a trial ended: `state` is complete, pruned, failed or requeued."""
+
+    number: int
+    state: str
+    detail: str = ""
+
+
+def run_dir(out: Path, number: int) -> Path:
+    return out / "trials" / f"{number:04d}"
+
+
+def command(setup: TrialSetup, params: dict[str, Any], out: Path, progress_fd: int) -> list[str]:
+    sets = [f"{key}={toml_literal(value)}" for key, value in params.items()]
+    args = [sys.executable, "-m", TRIAL_MODULE, str(progress_fd), "train", "--out", str(out)]
+    for item in [*setup.overrides, *sets]:
+        args += ["--set", item]
+    return args
+
+
+def run_trial(
+    setup: TrialSetup,
+    study: optuna.Study,
+    trial: optuna.Trial,
+    params: dict[str, Any],
+    children: Children,
+    stopping: threading.Event,
+) -> Ended:
+    """Run (or resume) `trial` to its end or to the sweep's stop; tell Optuna how it ended."""
+    storage, trial_id = setup.storage, trial._trial_id
+    out = run_dir(setup.out, trial.number)
+    out.mkdir(parents=True, exist_ok=True)
+    trial.set_user_attr(RUN_DIR_KEY, str(out))
+    setup.leases.hold(storage, trial_id)
+    child_read, parent_write = os.pipe()  # the sweep's answers
+    parent_read, child_write = os.pipe()  # the run's reports
+    progress = os.open(os.devnull, os.O_WRONLY)
+    child = None
+    try:
+        env = {**setup.env, JUDGE_ENV: f"{child_read},{child_write}"}
+        child = children.keep(
+            Child(
+                command(setup, params, out, progress),
+                env,
+                out / "sweep-trial.log",
+                f"trial {trial.number}",
+                tether=setup.config_text,
+                pass_fds=(progress, child_read, child_write),
+                redact=True,
+            )
+        )
+        for fd in (child_read, child_write, progress):
+            os.close(fd)
+        code, stopped = _serve(setup, study, trial, child, parent_read, parent_write, stopping)
+    finally:
+        for fd in (parent_read, parent_write):
+            os.close(fd)
+        if child is None:
+            for fd in (child_read, child_write, progress):
+                os.close(fd)
+        setup.leases.release(trial_id)
+    _add_seconds(storage, trial, child.elapsed)
+    return _finish(setup, study, trial, out, child, code, stopped)
+
+
+def _serve(
+    setup: TrialSetup,
+    study: optuna.Study,
+    trial: optuna.Trial,
+    child: Child,
+    reports: int,
+    answers: int,
+    stopping: threading.Event,
+) -> tuple[int, bool]:
+    """Answer the run's reports until it ends; pass the sweep's stop on as SIGTERM (the run
+    saves and exits 75). Returns its exit code and whether the sweep was stopping."""
+    buffer = b""
+    signalled = False
+    while True:
+        code = child.poll()
+        if code is not None:
+            child.wait()
+            return code, signalled
+        if stopping.is_set() and not signalled:
+            signalled = True
+            try:
+                os.killpg(child.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        ready, _, _ = select.select([reports], [], [], POLL_SECONDS)
+        if not ready:
+            continue
+        chunk = os.read(reports, 4096)
+        if not chunk:  # the run closed its end: wait for its exit
+            child.wait()
+            return child.proc.returncode, signalled
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            answer = _judge(setup, study, trial, json.loads(line))
+            try:
+                os.write(answers, (answer + "\n").encode())
+            except OSError:
+                pass
+
+
+def _judge(setup: TrialSetup, study: optuna.Study, trial: optuna.Trial, report: dict) -> str:
+    """Report one evaluation to Optuna and ask its pruner. A step reported before (a resumed
+    run evaluating again what it had evaluated before its last checkpoint) is not reported
+    twice; the pruner decides from the study alone, so it answers as it did."""
+    step, value, end = int(report["step"]), float(report["value"]), report.get("end")
+    frozen = setup.storage.get_trial(trial._trial_id)
+    if isinstance(end, int) and frozen.user_attrs.get(pruning.ForecastPruner.END_KEY) != end:
+        trial.set_user_attr(pruning.ForecastPruner.END_KEY, end)
+    if not math.isfinite(value):
+        return GO  # the run's guard judges a non-finite loss
+    if step not in frozen.intermediate_values:
+        trial.report(value, step)
+    if not trial.should_prune():
+        return GO
+    frozen = setup.storage.get_trial(trial._trial_id)
+    trial.set_user_attr(PRUNED_KEY, pruning.explain(setup.pruner_name, setup.pruner, study, frozen))
+    return PRUNE
+
+
+def _add_seconds(storage: Any, trial: optuna.Trial, seconds: float) -> None:
+    before = storage.get_trial(trial._trial_id).user_attrs.get(SECONDS_KEY, 0.0)
+    trial.set_user_attr(SECONDS_KEY, float(before) + seconds)
+
+
+def _finish(
+    setup: TrialSetup,
+    study: optuna.Study,
+    trial: optuna.Trial,
+    out: Path,
+    child: Child,
+    code: int,
+    stopped: bool,
+) -> Ended:
+    storage, number = setup.storage, trial.number
+    if code == EXIT_PREEMPTED or (stopped and code != 0):
+        storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
+        return Ended(number, "requeued", "preempted: it resumes from its checkpoint")
+    if code != 0:
+        error = child.error_line()
+        if IN_USE in error:  # another worker took this trial up first: its run, its outcome
+            return Ended(number, "busy", error)
+        trial.set_user_attr(ERROR_KEY, error)
+        study.tell(trial, state=TrialState.FAIL)
+        return Ended(number, "failed", error)
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError) as exc:
+        error = f"its run left no readable summary.json ({exc})"
+        trial.set_user_attr(ERROR_KEY, error)
+        study.tell(trial, state=TrialState.FAIL)
+        return Ended(number, "failed", error)
+    cost = summary.get("cost") or {}
+    trial.set_user_attr(
+        SUMMARY_KEY,
+        {
+            "steps": summary.get("steps"),
+            "stop_reason": summary.get("stop_reason"),
+            "usd": cost.get("usd"),
+            "train_seconds": summary.get("wall_seconds"),
+        },
+    )
+    reason = summary.get("stop_reason")
+    if reason == "pruned":
+        study.tell(trial, state=TrialState.PRUNED)
+        why = storage.get_trial(trial._trial_id).user_attrs.get(PRUNED_KEY, {})
+        return Ended(number, "pruned", str(why.get("reason", "")))
+    if reason == "diverged":
+        trial.set_user_attr(ERROR_KEY, "the run diverged")
+        study.tell(trial, state=TrialState.FAIL)
+        return Ended(number, "failed", "the run diverged")
+    value = summary.get("final_val_loss")
+    if value is None:
+        value = summary.get("train_loss")
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        trial.set_user_attr(ERROR_KEY, f"no finite loss to rank it by ({value!r})")
+        study.tell(trial, state=TrialState.FAIL)
+        return Ended(number, "failed", f"no finite loss ({value!r})")
+    study.tell(trial, float(value))
+    return Ended(number, "complete", f"{value:.4g}")
+
+
+def wait_for_children(children: Children, seconds: float) -> None:
+    """Give the trials `seconds` to save and exit, then kill what is left."""
+    deadline = time.monotonic() + seconds
+    for child in children.started:
+        left = max(0.0, deadline - time.monotonic())
+        try:
+            child.wait(left)
+        except Exception:
+            pass
+    children.kill_all()
