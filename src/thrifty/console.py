@@ -1,5 +1,5 @@
-"""What the commands share: the usage exit code, progress lines, their `--out`, `--overwrite` and
-`--json` options, their `--out` folder, and the way they print tables and JSON.
+"""What the commands share: the usage exit code, progress lines, their `--set`, `--out`,
+`--overwrite` and `--json` options, their `--out` folder, and the way they print tables and JSON.
 
 Cheap to import: `thrifty --help` loads it with every command (rich is imported when a table
 is made).
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 EXIT_USAGE = 2  # bad input: the command printed one line naming the problem and the fix
 JSON_HELP = "print the report as JSON"
+SET_HELP = "override a config value, e.g. --set batch.micro=8 (repeatable)"
 
 
 def say(command: str, message: str) -> None:
@@ -35,6 +36,18 @@ def say(command: str, message: str) -> None:
 def dash(value: Any) -> str:
     """A table cell: `-` for a value that is missing."""
     return "-" if value is None else str(value)
+
+
+def add_set_option(parser: argparse.ArgumentParser) -> None:
+    """The repeatable `--set section.key=value` every command that reads a config takes."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help=SET_HELP,
+    )
 
 
 def add_output_options(

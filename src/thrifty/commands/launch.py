@@ -10,8 +10,7 @@ from __future__ import annotations
 import argparse
 
 from thrifty.commands.plan import COUNT, FRACTION
-from thrifty.commands.training import add_set_option
-from thrifty.console import add_output_options
+from thrifty.console import add_output_options, add_set_option
 
 
 def _positive_int(text: str) -> int:

@@ -6,8 +6,7 @@ import argparse
 import json
 import tempfile
 
-from thrifty.commands.training import add_set_option
-from thrifty.console import add_output_options
+from thrifty.console import add_output_options, add_set_option
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -28,8 +28,7 @@ from typing import Any
 
 from thrifty import children
 from thrifty.commands.scale_report import compare, print_report, throughput_key
-from thrifty.commands.training import add_set_option
-from thrifty.console import add_output_options, prepare_out, refuse_file, say
+from thrifty.console import add_output_options, add_set_option, prepare_out, refuse_file, say
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.measure.bandwidth import MAX_BUS_BYTES, measure_bus_bandwidth
 from thrifty.plan.scaling import DDP_GRAD_BYTES_PER_PARAM

@@ -5,26 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from thrifty.console import add_output_options
+from thrifty.console import add_output_options, add_set_option
 from thrifty.records.stop import StopReason
 
 if TYPE_CHECKING:
     from thrifty.records.stop_signals import StopSignals
     from thrifty.trainer import Trainer
-
-HELP_SET = "override a config value, e.g. --set batch.micro=8 (repeatable)"
-
-
-def add_set_option(parser: argparse.ArgumentParser) -> None:
-    """The repeatable `--set section.key=value` every training command takes."""
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help=HELP_SET,
-    )
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

@@ -38,8 +38,7 @@ from thrifty.commands.chaos.compare import compare_states
 from thrifty.commands.chaos.kills import Kill, plan_kills
 from thrifty.commands.chaos.report import print_report
 from thrifty.commands.chaos.runner import Attempt, run_both
-from thrifty.commands.training import add_set_option
-from thrifty.console import add_output_options, prepare_out, refuse_file
+from thrifty.console import add_output_options, add_set_option, prepare_out, refuse_file
 from thrifty.errors import ThriftyError
 
 __all__ = [
