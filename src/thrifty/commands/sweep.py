@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from thrifty.commands.training import add_set_option
-from thrifty.console import add_output_options
+from thrifty.console import add_output_options, add_set_option
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

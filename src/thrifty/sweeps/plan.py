@@ -4,7 +4,10 @@ the storage, the pruner and the budget. Bad input is one line (ConfigError, Thri
 
 from __future__ import annotations
 
+import os
 import re
+import socket
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -86,9 +89,11 @@ def make_sweep(
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = optuna.samplers.TPESampler(seed=seed if seed is not None else cfg.run.seed)
     print_ = fingerprint(given, the_space.canonical())
-    the_study = load_or_create(store, study or _study_name(folder), print_, sampler, the_pruner, seed)
+    the_study = load_or_create(store, study or _study_name(folder), print_, the_pruner)
+    base_seed = seed if seed is not None else cfg.run.seed
+    if storage is not None:  # several machines ask at once: each its own stream
+        base_seed += zlib.crc32(f"{socket.gethostname()}:{os.getpid()}".encode())
     if CONFIG_KEY not in the_study.user_attrs:
         the_study.set_user_attr(CONFIG_KEY, redact_value(given))
         the_study.set_user_attr("thrifty.space", the_space.to_dict())
@@ -102,7 +107,7 @@ def make_sweep(
         pruner=the_pruner,
         storage=store,
     )
-    return Sweep(the_study, setup, the_space, trials, the_budget, workers, say)
+    return Sweep(the_study, setup, the_space, trials, the_budget, workers, say, base_seed)
 
 
 def _read_config(config: str | Path | Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

@@ -93,6 +93,7 @@ class Sweep:
     budget: Budget
     workers: int
     say: Callable[[str], None]
+    seed: int = 0
     stopping: threading.Event = field(default_factory=threading.Event)
     signalled: threading.Event = field(default_factory=threading.Event)  # SIGTERM, SIGINT
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -151,9 +152,13 @@ def _stop_signals(sweep: Sweep) -> Iterator[None]:
 def _worker(sweep: Sweep, children: Children) -> None:
     while not sweep.stopping.is_set():
         with sweep.lock:
-            requeue_orphans(sweep.study)
+            requeue_orphans(sweep.study, SECONDS_KEY)
             if not _may_start(sweep):
                 return
+            # The sampler is seeded by the trial's number: a sweep stopped and continued
+            # samples what it would have sampled without the stop (TPE keeps no other state).
+            count = len(sweep.study.get_trials(deepcopy=False))
+            sweep.study.sampler = optuna.samplers.TPESampler(seed=sweep.seed + count)
             trial = sweep.study.ask()
             params = sweep.space.suggest(trial)
         resumed = SECONDS_KEY in sweep.setup.storage.get_trial(trial._trial_id).user_attrs

@@ -81,21 +81,25 @@ def _engine_options(url: str) -> dict[str, Any]:
     return {}
 
 
-def load_or_create(
-    storage: Any, name: str, print_: str, sampler: Any, pruner: Any, seed: int | None
-) -> optuna.Study:
+def load_or_create(storage: Any, name: str, print_: str, pruner: Any) -> optuna.Study:
     """The study `name` in `storage`, created on first use; `print_` is its fingerprint, and a
     study made from another config or space is refused."""
     import optuna
 
-    study = optuna.create_study(
-        storage=storage,
-        study_name=name,
-        direction="minimize",
-        sampler=sampler,
-        pruner=pruner,
-        load_if_exists=True,
-    )
+    for attempt in range(3):  # several machines creating one study's tables at once may clash
+        try:
+            study = optuna.create_study(
+                storage=storage,
+                study_name=name,
+                direction="minimize",
+                pruner=pruner,
+                load_if_exists=True,
+            )
+            break
+        except optuna.exceptions.DuplicatedStudyError:
+            time.sleep(1.0 + attempt)
+    else:
+        study = optuna.load_study(study_name=name, storage=storage, pruner=pruner)
     known = study.user_attrs.get(FINGERPRINT_KEY)
     if known is None:
         study.set_user_attr(FINGERPRINT_KEY, print_)
@@ -104,7 +108,6 @@ def load_or_create(
             f"the sweep {name!r} was made from a different config or space (fingerprint "
             f"{known}, now {print_}): give a new --out (or --study), or undo the change"
         )
-    del seed
     return study
 
 
@@ -120,15 +123,30 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
-def lease(seconds: float = LEASE_SECONDS) -> dict[str, Any]:
-    """A lease held by this process until `seconds` from now."""
+def lease(since: float, seconds: float = LEASE_SECONDS) -> dict[str, Any]:
+    """A lease held by this process until `seconds` from now, for a session of a trial that
+    began at `since` (wall time): what a worker that dies without a word still leaves of the
+    trial's time (`orphan_seconds`)."""
     pid = os.getpid()
+    now = time.time()
     return {
         "host": socket.gethostname(),
         "pid": pid,
         "started": _start_time(pid),
-        "until": time.time() + seconds,
+        "since": since,
+        "renewed": now,
+        "until": now + seconds,
     }
+
+
+def orphan_seconds(held: Mapping[str, Any] | None) -> float:
+    """The seconds an orphaned trial's last session ran, as far as its lease saw."""
+    if not isinstance(held, Mapping):
+        return 0.0
+    try:
+        return max(0.0, float(held["renewed"]) - float(held["since"]))
+    except (KeyError, TypeError, ValueError):
+        return 0.0
 
 
 def lease_expired(held: Mapping[str, Any] | None, now: float | None = None) -> bool:
@@ -153,10 +171,10 @@ def lease_expired(held: Mapping[str, Any] | None, now: float | None = None) -> b
     return held.get("started") is not None and _start_time(pid) != held.get("started")
 
 
-def requeue_orphans(study: optuna.Study) -> list[int]:
-    """Put every RUNNING trial whose lease no longer holds back in the queue (WAITING); the
-    numbers of those requeued. A trial just asked for, whose lease is not written yet, is left
-    alone for a lease's length."""
+def requeue_orphans(study: optuna.Study, seconds_key: str) -> list[int]:
+    """Put every RUNNING trial whose lease no longer holds back in the queue (WAITING), its
+    last session's seconds added to `seconds_key`; the numbers of those requeued. A trial just
+    asked for, whose lease is not written yet, is left alone for a lease's length."""
     from optuna.trial import TrialState
 
     requeued = []
@@ -169,6 +187,10 @@ def requeue_orphans(study: optuna.Study) -> list[int]:
                 continue
         elif not lease_expired(held, now):
             continue
-        study._storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
+        storage = study._storage
+        before = float(trial.user_attrs.get(seconds_key, 0.0))
+        storage.set_trial_user_attr(trial._trial_id, seconds_key, before + orphan_seconds(held))
+        storage.set_trial_user_attr(trial._trial_id, LEASE_KEY, None)
+        storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
         requeued.append(trial.number)
     return requeued

@@ -70,15 +70,16 @@ class Leases:
     """The leases this process holds (see `thrifty.sweeps.study`), renewed by one thread."""
 
     def __init__(self) -> None:
-        self.held: dict[int, int] = {}  # trial id -> trial number
+        self.held: dict[int, float] = {}  # trial id -> when this session of it began
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self.stop = threading.Event()
 
     def hold(self, storage: Any, trial_id: int) -> None:
-        storage.set_trial_user_attr(trial_id, LEASE_KEY, lease())
+        since = time.time()
+        storage.set_trial_user_attr(trial_id, LEASE_KEY, lease(since))
         with self.lock:
-            self.held[trial_id] = trial_id
+            self.held[trial_id] = since
             if self.thread is None:
                 self.thread = threading.Thread(target=self._renew, args=(storage,), daemon=True)
                 self.thread.start()
@@ -92,10 +93,10 @@ class Leases:
 
         while not self.stop.wait(LEASE_SECONDS / 6):
             with self.lock:
-                ids = list(self.held)
-            for trial_id in ids:
+                held = list(self.held.items())
+            for trial_id, since in held:
                 try:
-                    storage.set_trial_user_attr(trial_id, LEASE_KEY, lease())
+                    storage.set_trial_user_attr(trial_id, LEASE_KEY, lease(since))
                 except Exception:  # a finished trial, a storage blip: the next round retries
                     pass
 
@@ -145,7 +146,7 @@ def run_trial(
             Child(
                 command(setup, params, out, progress),
                 env,
-                out / "sweep-trial.log",
+                out / "train.log",
                 f"trial {trial.number}",
                 tether=setup.config_text,
                 pass_fds=(progress, child_read, child_write),

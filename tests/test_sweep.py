@@ -1,0 +1,258 @@
+"""`thrifty sweep` end to end: real trials of a tiny model, each a `thrifty train` run in its own
+process, on the real command line.
+
+- A sweep stopped by SIGKILL and run again resumes its unfinished trial from that trial's own
+  checkpoint, never from step 0, runs no finished trial again, and ends with the same curves,
+  values and pruner decisions as the same sweep never stopped.
+- A SIGTERM to the sweep's whole process group puts the running trial back in the queue (never
+  FAILED), exits 75 with one line, and the same command finishes it.
+- sweep.json holds every trial, the best, compute and dollars; best.toml holds the best
+  parameters; a shared study through a real PostgreSQL server takes trials from two processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+CONFIG = """
+[run]
+name = "sweep"
+max_steps = {steps}
+device = "cpu"
+seed = 3
+log_every = 5
+
+[precision]
+mode = "fp32"
+
+[batch]
+micro = 16
+effective = 16
+
+[optimizer]
+lr = 0.01
+
+[schedule]
+warmup_steps = 2
+
+[eval]
+every = 10
+
+[checkpoint]
+every = 10
+
+[data]
+num_workers = 0
+
+[cost]
+usd_per_gpu_hour = 3.6
+gpus = 1
+
+[task]
+model = "dist_task:model"
+train_data = "dist_task:train_data"
+val_data = "dist_task:val_data"
+loss_fn = "dist_task:cross_entropy"
+"""
+
+SPACE = """
+["optimizer.lr"]
+low = 0.001
+high = 0.3
+log = true
+"""
+
+
+def write_inputs(folder: Path, steps: int) -> tuple[Path, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    config, space = folder / "base.toml", folder / "space.toml"
+    config.write_text(CONFIG.format(steps=steps))
+    space.write_text(SPACE)
+    return config, space
+
+
+def env() -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def sweep_command(config: Path, space: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "thrifty", "sweep", str(config), "--space", str(space),
+        "--out", str(out), *extra,
+    ]  # fmt: skip
+
+
+def run(command: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command, env=env(), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+
+
+def record(out: Path) -> dict[str, Any]:
+    return json.loads((out / "sweep.json").read_text())
+
+
+def newest_checkpoint_step(run_dir: Path) -> int:
+    found = [int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*")]
+    return max(found, default=0)
+
+
+def start_and_wait_for(
+    command: list[str], run_dir: Path, step: int, timeout: float = 180
+) -> subprocess.Popen[str]:
+    """The sweep started in a session of its own, once `run_dir` holds a checkpoint at `step`."""
+    proc = subprocess.Popen(
+        command, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while newest_checkpoint_step(run_dir) < step:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"the trial never reached step {step}: {err[-2000:]}")
+        time.sleep(0.1)
+    return proc
+
+
+def study_states(out: Path) -> dict[int, str]:
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(out / "study.journal"))
+    )
+    study = optuna.load_study(study_name=out.name, storage=storage)
+    return {t.number: t.state.name for t in study.get_trials(deepcopy=False)}
+
+
+def outcome(data: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """What the sweep decided, trial by trial: what must not depend on a stop in between."""
+    return [
+        (t["number"], t["state"], t["params"], t["value"], t["curve"], (t.get("pruned") or {}).get("step"))
+        for t in data["trials"]
+    ]
+
+
+def test_a_killed_sweep_resumes_its_trial_from_its_checkpoint_and_decides_as_if_never_stopped(
+    tmp_path: Path,
+) -> None:
+    config, space = write_inputs(tmp_path, steps=80)
+    args = ("--trials", "3", "--pruner", "asha")
+
+    # The same sweep twice: never stopped, and SIGKILLed while its second trial trains.
+    whole = run(sweep_command(config, space, tmp_path / "whole", *args))
+    assert whole.returncode == 0, whole.stderr
+    killed = tmp_path / "killed"
+    proc = start_and_wait_for(
+        sweep_command(config, space, killed, *args), killed / "trials" / "0001", step=30
+    )
+    os.kill(proc.pid, signal.SIGKILL)  # the sweep alone: its trial dies with it (the tether)
+    proc.communicate(timeout=60)
+    assert study_states(killed)[1] == "RUNNING"  # not failed: orphaned, for the next worker
+    first_log = (killed / "trials" / "0000" / "train.log").read_text()
+
+    again = run(sweep_command(config, space, killed, *args))
+    assert again.returncode == 0, again.stderr
+    # The finished trial is not run again; the killed one resumes from its own checkpoint.
+    assert (killed / "trials" / "0000" / "train.log").read_text() == first_log
+    assert "trial 0:" not in again.stderr
+    assert "trial 1: resumed" in again.stderr
+    log = (killed / "trials" / "0001" / "train.log").read_text()
+    resumed_at = int(log.split("resumed from step ")[1].split()[0])
+    assert resumed_at >= 30
+
+    # Bit for bit: every trial's curve, value and the pruner's decisions are those of the
+    # sweep that never stopped.
+    assert outcome(record(killed)) == outcome(record(whole))
+    assert set(study_states(killed).values()) <= {"COMPLETE", "PRUNED"}
+
+
+def test_a_sigterm_to_the_group_requeues_the_trial_exits_75_and_the_same_command_finishes(
+    tmp_path: Path,
+) -> None:
+    config, space = write_inputs(tmp_path, steps=80)
+    out = tmp_path / "sweep"
+    command = sweep_command(config, space, out, "--trials", "1", "--pruner", "none")
+    proc = start_and_wait_for(command, out / "trials" / "0000", step=20)
+    os.killpg(proc.pid, signal.SIGTERM)  # a scheduler signals the whole process group
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err
+    lines = [line for line in err.splitlines() if "sweep stopped" in line]
+    assert len(lines) == 1 and "run the same command" in lines[0]
+    assert "Traceback" not in err
+    assert study_states(out) == {0: "WAITING"}  # never FAILED
+    assert record(out)["trials"][0]["state"] == "waiting"
+
+    again = run(command)
+    assert again.returncode == 0, again.stderr
+    log = (out / "trials" / "0000" / "train.log").read_text()
+    assert int(log.split("resumed from step ")[1].split()[0]) >= 20
+    assert record(out)["trials"][0]["state"] == "complete"
+
+
+def test_a_sweep_records_every_trial_its_dollars_and_writes_best_toml(tmp_path: Path) -> None:
+    config, space = write_inputs(tmp_path, steps=40)
+    out = tmp_path / "sweep"
+    done = run(sweep_command(config, space, out, "--trials", "3", "--workers", "2", "--json"))
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    data = record(out)
+    assert printed == data
+    trials = data["trials"]
+    assert [t["number"] for t in trials] == [0, 1, 2]
+    for t in trials:
+        assert t["state"] == "complete" and t["steps"] == 40
+        assert [step for step, _ in t["curve"]] == [10, 20, 30, 40]
+        assert t["value"] == t["curve"][-1][1]
+        assert t["run_dir"].endswith(f"trials/{t['number']:04d}")
+        summary = json.loads((Path(t["run_dir"]) / "summary.json").read_text())
+        assert t["cost"] == summary["cost"]["usd"] > 0
+        assert 0.001 <= t["params"]["optimizer.lr"] <= 0.3
+    best = min(trials, key=lambda t: t["value"])
+    assert data["best"] == {"number": best["number"], "value": best["value"], "params": best["params"]}
+    c = data["compute"]
+    assert c["cost"] == pytest.approx(sum(t["cost"] for t in trials))
+    assert c["seconds"] == pytest.approx(sum(t["seconds"] for t in trials))
+    assert c["unpruned_seconds"] == pytest.approx(c["seconds"])  # nothing pruned
+
+    from thrifty.config import load_config
+
+    cfg = load_config(out / "best.toml")
+    assert cfg.optimizer.lr == best["params"]["optimizer.lr"]
+    assert cfg.run.max_steps == 40 and cfg.run.out is None
+
+
+def test_two_processes_share_one_sweep_through_a_real_postgresql_server(
+    tmp_path: Path, postgres_db: str
+) -> None:
+    config, space = write_inputs(tmp_path, steps=20)
+    common = ("--trials", "2", "--storage", postgres_db, "--study", "shared", "--pruner", "none")
+    procs = [
+        subprocess.Popen(
+            sweep_command(config, space, tmp_path / f"machine{i}", *common),
+            env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for i in range(2)
+    ]
+    results = [p.communicate(timeout=300) for p in procs]
+    for proc, (_, err) in zip(procs, results, strict=True):
+        assert proc.returncode == 0, err
+        assert postgres_db.split("@")[0].split(":")[-1] not in err  # the password
+    study = optuna.load_study(study_name="shared", storage=postgres_db)
+    trials = study.get_trials(deepcopy=False)
+    assert sorted(t.number for t in trials) == [0, 1]
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    # Each trial ran on one machine only: its run directory is under that machine's --out.
+    dirs = sorted(t.user_attrs["thrifty.run_dir"] for t in trials)
+    assert len(set(dirs)) == 2

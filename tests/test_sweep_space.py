@@ -1,0 +1,66 @@
+"""SPACE.toml: each table a config key with a range or choices, checked against the config
+before any trial runs; every mistake is one line naming the key and the fix."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from thrifty.errors import ConfigError
+from thrifty.sweeps.space import parse_space
+
+BASE = {"run": {"max_steps": 10, "device": "cpu"}, "batch": {"micro": 8, "effective": 16}}
+
+
+def test_a_space_gives_each_trial_a_value_of_the_type_the_config_takes() -> None:
+    space = parse_space(
+        {
+            "optimizer.lr": {"low": 1e-4, "high": 3e-2, "log": True},
+            "batch.effective": {"choices": [16, 32, 64]},
+            "batch.micro": {"low": 4, "high": 16, "step": 4},
+            "precision.mode": {"choices": ["fp32", "bf16"]},
+        },
+        BASE,
+    )
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(20):
+        values = space.suggest(study.ask())
+        assert 1e-4 <= values["optimizer.lr"] <= 3e-2 and isinstance(values["optimizer.lr"], float)
+        assert values["batch.effective"] in (16, 32, 64)
+        assert values["batch.micro"] in (4, 8, 12, 16) and isinstance(values["batch.micro"], int)
+        assert values["precision.mode"] in ("fp32", "bf16")
+
+
+def test_a_resumed_trial_keeps_the_values_it_had() -> None:
+    space = parse_space({"optimizer.lr": {"low": 1e-4, "high": 1e-1, "log": True}}, BASE)
+    study = optuna.create_study()
+    trial = study.ask()
+    first = space.suggest(trial)
+    again = optuna.Trial(study, trial._trial_id)  # what a worker resuming it holds
+    assert space.suggest(again) == first
+
+
+@pytest.mark.parametrize(
+    ("table", "words"),
+    [
+        ({"optimizer.lrr": {"low": 0.1, "high": 1.0}}, "unknown key optimizer.lrr"),
+        ({"lr": {"low": 0.1, "high": 1.0}}, "is not a config key: use section.key"),
+        ({"optimizer.lr": {"low": 0.1, "high": 0.1}}, "is empty: low must be below high"),
+        ({"optimizer.lr": {"low": 0.5, "high": 0.1}}, "is inverted: low must be below high"),
+        ({"optimizer.lr": {"low": 0.0, "high": 0.1, "log": True}}, "needs low above 0"),
+        ({"batch.micro": {"choices": [8, "sixteen"]}}, "of one kind"),
+        ({"batch.micro": {"choices": [8.5, 16.0]}}, "batch.micro = 8.5 is invalid"),
+        ({"batch.micro": {"choices": []}}, "non-empty list"),
+        ({"precision.mode": {"choices": ["fp32", "fp7"]}}, "'fp7'"),
+        ({"optimizer.lr": {"low": 0.1}}, "needs numbers low and high"),
+        ({"optimizer.lr": {"low": 0.1, "high": 1.0, "scale": "log"}}, "unknown field scale"),
+        ({"optimizer.lr": 0.1}, "must be a table"),
+        ({}, "is empty"),
+    ],
+)
+def test_a_bad_space_is_one_line_naming_the_key(table: dict, words: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_space(table, BASE, "--space s.toml")
+    message = str(caught.value)
+    assert words in message and "\n" not in message
+    assert message.startswith("--space s.toml")
