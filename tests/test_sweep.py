@@ -150,32 +150,33 @@ def test_a_killed_sweep_resumes_its_trial_from_its_checkpoint_and_decides_as_if_
     config, space = write_inputs(tmp_path, steps=80)
     args = ("--trials", "3", "--pruner", "asha")
 
-    # The same sweep twice: never stopped, and SIGKILLed while its second trial trains.
+    # The same sweep twice: never stopped, and SIGKILLed while its first trial trains.
     whole = run(sweep_command(config, space, tmp_path / "whole", *args))
     assert whole.returncode == 0, whole.stderr
     killed = tmp_path / "killed"
-    proc = start_and_wait_for(
-        sweep_command(config, space, killed, *args), killed / "trials" / "0001", step=30
-    )
+    command = sweep_command(config, space, killed, *args)
+    proc = start_and_wait_for(command, killed / "trials" / "0000", step=30)
     os.kill(proc.pid, signal.SIGKILL)  # the sweep alone: its trial dies with it (the tether)
     proc.communicate(timeout=60)
-    assert study_states(killed)[1] == "RUNNING"  # not failed: orphaned, for the next worker
-    first_log = (killed / "trials" / "0000" / "train.log").read_text()
+    assert study_states(killed) == {0: "RUNNING"}  # not failed: orphaned, for the next worker
 
-    again = run(sweep_command(config, space, killed, *args))
+    again = run(command)
     assert again.returncode == 0, again.stderr
-    # The finished trial is not run again; the killed one resumes from its own checkpoint.
-    assert (killed / "trials" / "0000" / "train.log").read_text() == first_log
-    assert "trial 0:" not in again.stderr
-    assert "trial 1: resumed" in again.stderr
-    log = (killed / "trials" / "0001" / "train.log").read_text()
-    resumed_at = int(log.split("resumed from step ")[1].split()[0])
-    assert resumed_at >= 30
+    assert "trial 0: resumed" in again.stderr
+    log = (killed / "trials" / "0000" / "train.log").read_text()
+    assert int(log.split("resumed from step ")[1].split()[0]) >= 30  # never from step 0
 
     # Bit for bit: every trial's curve, value and the pruner's decisions are those of the
     # sweep that never stopped.
-    assert outcome(record(killed)) == outcome(record(whole))
+    assert outcome(record(killed)) == outcome(record(tmp_path / "whole"))
     assert set(study_states(killed).values()) <= {"COMPLETE", "PRUNED"}
+
+    # Run once more: every trial is finished, none runs again.
+    logs = {p: p.read_text() for p in killed.glob("trials/*/train.log")}
+    third = run(command)
+    assert third.returncode == 0, third.stderr
+    assert "trial" not in third.stderr.replace("thrifty sweep:", "")
+    assert {p: p.read_text() for p in killed.glob("trials/*/train.log")} == logs
 
 
 def test_a_sigterm_to_the_group_requeues_the_trial_exits_75_and_the_same_command_finishes(
@@ -256,3 +257,30 @@ def test_two_processes_share_one_sweep_through_a_real_postgresql_server(
     # Each trial ran on one machine only: its run directory is under that machine's --out.
     dirs = sorted(t.user_attrs["thrifty.run_dir"] for t in trials)
     assert len(set(dirs)) == 2
+
+
+def test_hyperband_pauses_the_early_arrivals_and_stops_as_many_as_its_bracket_prescribes(
+    tmp_path: Path,
+) -> None:
+    # eval.every 10, 30 steps: a first bracket of 3 trials compared at step 10, keeping 1.
+    config, space = write_inputs(tmp_path, steps=30)
+    out = tmp_path / "sweep"
+    done = run(sweep_command(config, space, out, "--trials", "3", "--pruner", "hyperband"))
+    assert done.returncode == 0, done.stderr
+    trials = record(out)["trials"]
+    states = sorted(t["state"] for t in trials)
+    assert states == ["complete", "pruned", "pruned"]
+    survivor = next(t for t in trials if t["state"] == "complete")
+    assert survivor["steps"] == 30
+    assert survivor["curve"][0][1] == min(t["curve"][0][1] for t in trials)  # best at step 10
+    for t in trials:
+        if t["state"] == "pruned":
+            assert t["pruned"]["step"] == 10 and t["pruned"]["pruner"] == "hyperband"
+            assert t["pruned"]["bound"] == survivor["curve"][0][1]
+            assert [step for step, _ in t["curve"]] == [10]
+    # The trials that reached step 10 before the last of their bracket were paused there (a
+    # checkpoint, exit 75), and the one that went on resumed from that checkpoint.
+    assert done.stderr.count(": paused (at step 10") == 2
+    if survivor["number"] != 2:
+        log = (out / "trials" / f"{survivor['number']:04d}" / "train.log").read_text()
+        assert "resumed from step 10" in log

@@ -77,6 +77,7 @@ class StepBoundary:
         # A preemption notice leaves 30 s (GCP, Azure) to 2 min (AWS): the emergency
         # checkpoint comes first, before any evaluation due at this step.
         eval_due = self.validates and (s.step % cfg.eval.every == 0 or reason is not None)
+        paused = False  # a sweep's trial waiting for its bracket (thrifty.run.judge)
         if preempted:
             reason = StopReason.decide(reason, StopReason.PREEMPTED)
             s.eval_pending = eval_due  # done first thing on resume
@@ -84,15 +85,17 @@ class StepBoundary:
             monitor.pause()  # evaluation is not training: left out of the interval
             eval_start = time.perf_counter()
             stop = watch.evaluated(self.evaluate())  # always evaluated: `or` would skip it
+            paused = stop is StopReason.PREEMPTED
             reason = StopReason.decide(reason, stop)
             monitor.resume()
             clock.step_start += time.perf_counter() - eval_start  # evaluation is not step time
-        if preempted or (due and reason is None):
+        if preempted or paused or (due and reason is None):
             # The guard sees every step before a save: none is written while a loss spike
             # builds, or from a run that diverged.
             reason = StopReason.decide(watch.flush(monitor, watch.current(loss, skipped)), reason)
-            if preempted or not (watch.suspect or reason is StopReason.DIVERGED):
-                if preempted:
+            leaving = preempted or paused
+            if leaving or not (watch.suspect or reason is StopReason.DIVERGED):
+                if leaving:
                     checkpointer.emergency_begins(s.step)  # for a Ctrl-C meanwhile
-                monitor.timer.add("checkpoint", checkpointer.save(emergency=preempted))
+                monitor.timer.add("checkpoint", checkpointer.save(emergency=leaving))
         return reason

@@ -4,7 +4,9 @@ whether it goes on (`thrifty sweep`'s pruners, `thrifty.sweep.pruning`).
 The worker passes the run two pipes and names them in THRIFTY_JUDGE_FDS ("READ,WRITE", the
 run's ends). After an evaluation past step 0 the run writes one JSON line,
 `{"step": S, "value": V, "end": E}` (E: the step its budget ends at, or null), and waits for
-one line back: "go" or "prune". A worker that is gone (the pipe at its end) means "go": the run
+one line back: "go", "prune", or "pause" (the run saves a checkpoint and ends as after a
+preemption, exit 75, to be resumed once the rest of its Hyperband bracket has caught up:
+`thrifty.sweeps.hyperband`). A worker that is gone (the pipe at its end) means "go": the run
 is tethered to it and ends with it anyway.
 
 One process only: a distributed run would need every rank to agree, and a sweep's trials run as
@@ -17,7 +19,7 @@ import json
 import os
 
 ENV = "THRIFTY_JUDGE_FDS"
-GO, PRUNE = "go", "prune"
+GO, PRUNE, PAUSE = "go", "prune", "pause"
 
 
 class Judge:
@@ -27,10 +29,10 @@ class Judge:
         self.read_fd, self.write_fd = read_fd, write_fd
         self.gone = False
 
-    def prunes(self, step: int, value: float, end: int | None) -> bool:
-        """Ask whether the run stops here; True: the sweep prunes it."""
+    def verdict(self, step: int, value: float, end: int | None) -> str:
+        """Ask whether the run goes on: GO, PRUNE or PAUSE."""
         if self.gone:
-            return False
+            return GO
         line = json.dumps({"step": step, "value": value, "end": end}) + "\n"
         try:
             os.write(self.write_fd, line.encode())
@@ -39,8 +41,9 @@ class Judge:
             answer = ""
         if not answer:
             self.gone = True
-            return False
-        return answer.strip() == PRUNE
+            return GO
+        word = answer.strip()
+        return word if word in (PRUNE, PAUSE) else GO
 
 
 def _read_line(fd: int) -> str:

@@ -17,7 +17,7 @@ from thrifty.records.stop import EARLY_STOPS, StopReason
 from thrifty.run.checkpointer import RunCheckpointer
 from thrifty.run.forecast import cannot_reach
 from thrifty.run.guard import rewind_schedule, scale_learning_rate
-from thrifty.run.judge import from_environment
+from thrifty.run.judge import PAUSE, PRUNE, from_environment
 from thrifty.strategies.process_group import Distributed
 
 log = logging.getLogger("thrifty")
@@ -51,7 +51,7 @@ class RunWatch:
     def evaluated(self, val_loss: float | None) -> StopReason | None:
         """Record an evaluation, feed early stopping and the forecast, and in a sweep's trial
         ask its pruner; EARLY_STOPPING, FORECAST or PRUNED when the run should end here (in that
-        order: `StopReason`)."""
+        order: `StopReason`), PREEMPTED when the sweep pauses it."""
         s = self.progress
         s.eval_pending = False
         s.val_loss = val_loss
@@ -64,19 +64,26 @@ class RunWatch:
         if self.parts.early_stopping.update(val_loss):
             return StopReason.EARLY_STOPPING
         forecast = self._forecast()
-        if forecast is None and s.step > 0 and self._pruned(val_loss):
-            return StopReason.PRUNED
+        if forecast is None and s.step > 0:
+            return self._judged(val_loss)
         return forecast
 
-    def _pruned(self, val_loss: float) -> bool:
+    def _judged(self, val_loss: float) -> StopReason | None:
+        """A sweep's trial: PRUNED when its pruner stops it here, PREEMPTED when it is paused
+        (saved, and resumed once its Hyperband bracket catches up)."""
         if self.judge is None:
-            return False
-        end = self.budget.end_step(self.progress)
-        if not self.judge.prunes(self.progress.step, val_loss, end):
-            return False
-        log.warning("pruned by the sweep at step %d", self.progress.step)
-        self.log_event(event="pruned")
-        return True
+            return None
+        step = self.progress.step
+        verdict = self.judge.verdict(step, val_loss, self.budget.end_step(self.progress))
+        if verdict == PRUNE:
+            log.warning("pruned by the sweep at step %d", step)
+            self.log_event(event="pruned")
+            return StopReason.PRUNED
+        if verdict == PAUSE:
+            log.warning("paused by the sweep at step %d: its bracket has not caught up", step)
+            self.log_event(event="paused")
+            return StopReason.PREEMPTED
+        return None
 
     def _forecast(self) -> StopReason | None:
         """With early_stopping.target: FORECAST once the validation curve, fitted and

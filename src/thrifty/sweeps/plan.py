@@ -21,7 +21,7 @@ from thrifty.config import (
 )
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.redact import redact_value
-from thrifty.sweeps import pruning
+from thrifty.sweeps import hyperband, pruning
 from thrifty.sweeps.results import BEST_TOML, CONFIG_KEY, SWEEP_JSON
 from thrifty.sweeps.runner import Budget, Sweep, trial_env
 from thrifty.sweeps.space import parse_space, read_space
@@ -98,6 +98,12 @@ def make_sweep(
         the_study.set_user_attr(CONFIG_KEY, redact_value(given))
         the_study.set_user_attr("thrifty.space", the_space.to_dict())
         the_study.set_user_attr("thrifty.pruner", pruner)
+    plan_brackets = None
+    if pruner == "hyperband":
+        assert cfg.run.max_steps is not None
+        plan_brackets = hyperband.brackets(cfg.eval.every, cfg.run.max_steps)
+        if trials is None and the_budget.seconds is None and the_budget.usd is None:
+            trials = hyperband.round_size(plan_brackets)  # one round of every bracket
     setup = TrialSetup(
         config_text=_config_text(config),
         overrides=list(overrides),
@@ -106,6 +112,8 @@ def make_sweep(
         pruner_name=pruner,
         pruner=the_pruner,
         storage=store,
+        brackets=plan_brackets,
+        trials=trials,
     )
     return Sweep(the_study, setup, the_space, trials, the_budget, workers, say, base_seed)
 

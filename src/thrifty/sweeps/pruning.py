@@ -6,8 +6,9 @@ the study alone, so a sweep stopped and run again decides exactly as if it had n
 
 - `asha`: asynchronous successive halving; rungs at eval.every × 3^k steps, a trial goes on past a
   rung when it is in the best third of the trials that reached it.
-- `hyperband`: several successive-halving brackets, from eval.every to the run's last step,
-  reduction factor 3 (Optuna's HyperbandPruner; `brackets` lists them).
+- `hyperband`: synchronous successive halving in Hyperband's brackets, from eval.every to the
+  run's last step, reduction factor 3 (`thrifty.sweeps.hyperband`: a trial that reaches a rung
+  first is paused until its bracket has, so that as many stop as the algorithm says).
 - `median`: stops a trial worse than the median of the earlier trials at the same step, after 5
   trials and once a trial has had 2 evaluations.
 - `forecast`: thrifty's own. The guard's learning-curve forecast (`thrifty.run.forecast`) is
@@ -54,10 +55,8 @@ def make_pruner(name: str, steps: Steps, guard: Any) -> optuna.pruners.BasePrune
         return optuna.pruners.SuccessiveHalvingPruner(
             min_resource=steps.every, reduction_factor=REDUCTION
         )
-    if name == "hyperband":
-        return optuna.pruners.HyperbandPruner(
-            min_resource=steps.every, max_resource=steps.last, reduction_factor=REDUCTION
-        )
+    if name == "hyperband":  # decided by thrifty.sweeps.hyperband, not by an Optuna pruner
+        return optuna.pruners.NopPruner()
     if name == "forecast":
         return ForecastPruner(
             min_evals=guard.forecast_min_evals,
@@ -65,21 +64,6 @@ def make_pruner(name: str, steps: Steps, guard: Any) -> optuna.pruners.BasePrune
             margin=guard.forecast_margin,
         )
     raise ConfigError(f"--pruner {name!r} is unknown: use one of {', '.join(PRUNERS)}")
-
-
-def brackets(steps: Steps) -> list[list[int]]:
-    """Hyperband's brackets as thrifty configures them: for each, its rungs in steps (where a
-    trial is compared with the others), from the most aggressive bracket to the least."""
-    n = math.floor(math.log(steps.last / steps.every, REDUCTION)) + 1
-    out = []
-    for s in range(n):
-        rungs = []
-        r = steps.every * REDUCTION**s
-        while r < steps.last:
-            rungs.append(r)
-            r *= REDUCTION
-        out.append(rungs)
-    return out
 
 
 def _last_step(trial: FrozenTrial) -> int | None:

@@ -19,6 +19,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from thrifty.sweeps.pruning import ForecastPruner
+from thrifty.sweeps.study import PAUSED_KEY
 from thrifty.sweeps.trial import ERROR_KEY, PRUNED_KEY, RUN_DIR_KEY, SECONDS_KEY, SUMMARY_KEY
 
 SWEEP_JSON = "sweep.json"
@@ -54,9 +55,12 @@ def trial_record(trial: FrozenTrial) -> dict[str, Any]:
         scale = max(1.0, end / steps)
         unpruned = seconds * scale
         unpruned_usd = None if usd is None else usd * scale
+    state = _STATES.get(trial.state, trial.state.name.lower())
+    if trial.state == TrialState.RUNNING and isinstance(attrs.get(PAUSED_KEY), int):
+        state = "paused"  # saved at a Hyperband rung, waiting for its bracket
     record: dict[str, Any] = {
         "number": trial.number,
-        "state": _STATES.get(trial.state, trial.state.name.lower()),
+        "state": state,
         "params": trial.params,
         "value": trial.value,
         "steps": steps,
@@ -100,7 +104,8 @@ def sweep_record(study: optuna.Study, budget: Any = None) -> dict[str, Any]:
         "unpruned_cost": unpruned_usd,
         "saved_cost": None if usd is None or unpruned_usd is None else unpruned_usd - usd,
     }
-    counts = {state: sum(1 for t in trials if t["state"] == state) for state in _STATES.values()}
+    states = [*_STATES.values(), "paused"]
+    counts = {state: sum(1 for t in trials if t["state"] == state) for state in states}
     return {
         "study": study.study_name,
         "objective": "validation loss (the training loss without validation data), minimized",

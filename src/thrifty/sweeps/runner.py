@@ -18,6 +18,7 @@ import math
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,7 +32,16 @@ from thrifty.errors import ThriftyError
 from thrifty.sweeps import results
 from thrifty.sweeps.space import Space
 from thrifty.sweeps.study import requeue_orphans
-from thrifty.sweeps.trial import SECONDS_KEY, Ended, TrialSetup, run_trial, wait_for_children
+from thrifty.sweeps.trial import (
+    HYPERBAND_LIMIT_KEY,
+    PAUSED_KEY,
+    SECONDS_KEY,
+    Ended,
+    TrialSetup,
+    release_paused,
+    run_trial,
+    wait_for_children,
+)
 
 STOP_GRACE_SECONDS = 120.0  # a trial's emergency checkpoint after the sweep's stop signal
 
@@ -153,7 +163,12 @@ def _worker(sweep: Sweep, children: Children) -> None:
     while not sweep.stopping.is_set():
         with sweep.lock:
             requeue_orphans(sweep.study, SECONDS_KEY)
+            for number, what in release_paused(sweep.setup, sweep.study):
+                sweep.say(f"trial {number}: its bracket caught up: {what}")
             if not _may_start(sweep):
+                if _paused_behind_running(sweep.study):  # a trial in flight may release them
+                    time.sleep(1.0)
+                    continue
                 return
             # The sampler is seeded by the trial's number: a sweep stopped and continued
             # samples what it would have sampled without the stop (TPE keeps no other state).
@@ -174,6 +189,13 @@ def _worker(sweep: Sweep, children: Children) -> None:
             sweep.stopping.set()
 
 
+def _paused_behind_running(study: optuna.Study) -> bool:
+    """Trials wait at a rung while others of the study still run."""
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    paused = [t for t in running if isinstance(t.user_attrs.get(PAUSED_KEY), int)]
+    return bool(paused) and len(paused) < len(running)
+
+
 def _show(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -186,7 +208,12 @@ def _may_start(sweep: Sweep) -> bool:
         return True
     if sweep.trials is not None and len(trials) >= sweep.trials:
         return False
-    return results.budget_allows(trials, sweep.budget, sweep.say)
+    if results.budget_allows(trials, sweep.budget, sweep.say):
+        return True
+    if sweep.setup.brackets is not None and HYPERBAND_LIMIT_KEY not in sweep.study.user_attrs:
+        # No trial starts any more: the brackets decide among the trials they have.
+        sweep.study.set_user_attr(HYPERBAND_LIMIT_KEY, len(trials))
+    return False
 
 
 def threads_per_trial(workers: int) -> int:

@@ -42,6 +42,7 @@ JOURNAL = "study.journal"
 LEASE_KEY = "thrifty.lease"
 LEASE_SECONDS = 60.0  # a worker renews every LEASE_SECONDS / 6
 FINGERPRINT_KEY = "thrifty.fingerprint"
+PAUSED_KEY = "thrifty.paused"  # the rung a Hyperband trial waits at (thrifty.sweeps.hyperband)
 
 
 def fingerprint(config: Mapping[str, Any], space: str) -> str:
@@ -180,6 +181,8 @@ def requeue_orphans(study: optuna.Study, seconds_key: str) -> list[int]:
     requeued = []
     now = time.time()
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if isinstance(trial.user_attrs.get(PAUSED_KEY), int):
+            continue  # saved and ended at a Hyperband rung: released by its bracket, not here
         held = trial.user_attrs.get(LEASE_KEY)
         if held is None:
             started = trial.datetime_start.timestamp() if trial.datetime_start else 0.0

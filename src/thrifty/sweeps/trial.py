@@ -38,9 +38,9 @@ from thrifty.children import Child, Children
 from thrifty.config import toml_literal
 from thrifty.records.stop_signals import EXIT_PREEMPTED
 from thrifty.run.judge import ENV as JUDGE_ENV
-from thrifty.run.judge import GO, PRUNE
-from thrifty.sweeps import pruning
-from thrifty.sweeps.study import LEASE_KEY, lease
+from thrifty.run.judge import GO, PAUSE, PRUNE
+from thrifty.sweeps import hyperband, pruning
+from thrifty.sweeps.study import LEASE_KEY, PAUSED_KEY, lease
 
 TRIAL_MODULE = "thrifty.tune_trial"
 SECONDS_KEY = "thrifty.seconds"  # wall seconds of the trial's processes, all sessions summed
@@ -63,6 +63,8 @@ class TrialSetup:
     pruner_name: str
     pruner: Any
     storage: Any
+    brackets: list[hyperband.Bracket] | None = None  # with --pruner hyperband
+    trials: int | None = None  # --trials: where the last Hyperband bracket is cut short
     leases: Leases = field(default_factory=lambda: Leases())
 
 
@@ -155,7 +157,7 @@ def run_trial(
         )
         for fd in (child_read, child_write, progress):
             os.close(fd)
-        code, stopped = _serve(setup, study, trial, child, parent_read, parent_write, stopping)
+        code, paused, stopped = _serve(setup, study, trial, child, parent_read, parent_write, stopping)
     finally:
         for fd in (parent_read, parent_write):
             os.close(fd)
@@ -164,7 +166,7 @@ def run_trial(
                 os.close(fd)
         setup.leases.release(trial_id)
     _add_seconds(storage, trial, child.elapsed)
-    return _finish(setup, study, trial, out, child, code, stopped)
+    return _finish(setup, study, trial, out, child, code, paused, stopped)
 
 
 def _serve(
@@ -175,16 +177,18 @@ def _serve(
     reports: int,
     answers: int,
     stopping: threading.Event,
-) -> tuple[int, bool]:
+) -> tuple[int, int | None, bool]:
     """Answer the run's reports until it ends; pass the sweep's stop on as SIGTERM (the run
-    saves and exits 75). Returns its exit code and whether the sweep was stopping."""
+    saves and exits 75). Returns its exit code, the step it was paused at (its Hyperband
+    bracket behind) or None, and whether the sweep was stopping."""
     buffer = b""
     signalled = False
+    paused: int | None = None
     while True:
         code = child.poll()
         if code is not None:
             child.wait()
-            return code, signalled
+            return code, paused, signalled
         if stopping.is_set() and not signalled:
             signalled = True
             try:
@@ -197,11 +201,14 @@ def _serve(
         chunk = os.read(reports, 4096)
         if not chunk:  # the run closed its end: wait for its exit
             child.wait()
-            return child.proc.returncode, signalled
+            return child.proc.returncode, paused, signalled
         buffer += chunk
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
-            answer = _judge(setup, study, trial, json.loads(line))
+            report = json.loads(line)
+            answer = _judge(setup, study, trial, report)
+            if answer == PAUSE:
+                paused = int(report["step"])
             try:
                 os.write(answers, (answer + "\n").encode())
             except OSError:
@@ -220,11 +227,64 @@ def _judge(setup: TrialSetup, study: optuna.Study, trial: optuna.Trial, report: 
         return GO  # the run's guard judges a non-finite loss
     if step not in frozen.intermediate_values:
         trial.report(value, step)
+    if setup.brackets is not None:
+        verdict = bracket_verdict(setup, study, trial.number, step)
+        if verdict.action == hyperband.PRUNE:
+            _record_pruned(trial, step, value, verdict)
+            return PRUNE
+        return PAUSE if verdict.action == hyperband.WAIT else GO
     if not trial.should_prune():
         return GO
     frozen = setup.storage.get_trial(trial._trial_id)
     trial.set_user_attr(PRUNED_KEY, pruning.explain(setup.pruner_name, setup.pruner, study, frozen))
     return PRUNE
+
+
+def bracket_verdict(
+    setup: TrialSetup, study: optuna.Study, number: int, step: int
+) -> hyperband.Verdict:
+    """The Hyperband verdict for trial `number` at `step`, from the study's reports."""
+    assert setup.brackets is not None
+    trials = study.get_trials(deepcopy=False)
+    curves = {t.number: t.intermediate_values for t in trials}
+    failed = {t.number for t in trials if t.state == TrialState.FAIL}
+    limit = study.user_attrs.get(HYPERBAND_LIMIT_KEY, setup.trials)
+    return hyperband.decide(number, step, curves, failed, setup.brackets, limit)
+
+
+HYPERBAND_LIMIT_KEY = "thrifty.hyperband_limit"  # the trials the budget let start, once it ended
+
+
+def _record_pruned(trial: Any, step: int, value: float | None, verdict: hyperband.Verdict) -> None:
+    why = {"step": step, "value": value, "pruner": "hyperband", "reason": verdict.reason}
+    if verdict.bound is not None:
+        why["bound"] = verdict.bound
+    trial.set_user_attr(PRUNED_KEY, why)
+
+
+def release_paused(setup: TrialSetup, study: optuna.Study) -> list[tuple[int, str]]:
+    """Decide the paused trials whose bracket has caught up: back in the queue (WAITING) to
+    go on, or PRUNED. Returns (number, "resumes" | "pruned") for each decided."""
+    if setup.brackets is None:
+        return []
+    decided = []
+    for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        step = frozen.user_attrs.get(PAUSED_KEY)
+        if not isinstance(step, int):
+            continue
+        verdict = bracket_verdict(setup, study, frozen.number, step)
+        if verdict.action == hyperband.WAIT:
+            continue
+        handle = optuna.Trial(study, frozen._trial_id)
+        handle.set_user_attr(PAUSED_KEY, None)
+        if verdict.action == hyperband.PRUNE:
+            _record_pruned(handle, step, frozen.intermediate_values.get(step), verdict)
+            study.tell(frozen.number, state=TrialState.PRUNED)
+            decided.append((frozen.number, "pruned"))
+        else:
+            setup.storage.set_trial_state_values(frozen._trial_id, TrialState.WAITING)
+            decided.append((frozen.number, "resumes"))
+    return decided
 
 
 def _add_seconds(storage: Any, trial: optuna.Trial, seconds: float) -> None:
@@ -239,9 +299,13 @@ def _finish(
     out: Path,
     child: Child,
     code: int,
+    paused: int | None,
     stopped: bool,
 ) -> Ended:
     storage, number = setup.storage, trial.number
+    if code == EXIT_PREEMPTED and paused is not None:
+        trial.set_user_attr(PAUSED_KEY, paused)  # stays RUNNING: not an orphan, not queued
+        return Ended(number, "paused", f"at step {paused}, until its bracket catches up")
     if code == EXIT_PREEMPTED or (stopped and code != 0):
         storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
         return Ended(number, "requeued", "preempted: it resumes from its checkpoint")
