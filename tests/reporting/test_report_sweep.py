@@ -364,3 +364,14 @@ def test_the_report_reads_sweep_json_without_the_sweep_or_optuna(tmp_path):
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert found.stdout.strip() == "[]"
     assert "Validation curves" in (out / "report.html").read_text()
+
+
+def test_a_sweep_run_again_goes_on_beside_the_report_thrifty_drew_of_it(tmp_path):
+    from thrifty.sweeps.plan import _check_out
+
+    out = sweep_dir(tmp_path)
+    page_of(out)
+    _check_out(out)  # thrifty sweep with this --out again: its own page is no stranger
+    (out / "report.html").write_text("my notes on the sweep")
+    with pytest.raises(ThriftyError, match="holds report.html, which thrifty sweep did not"):
+        _check_out(out)
