@@ -1,4 +1,5 @@
-"""`thrifty report`: one self-contained HTML page of a run, of several runs, or of a tune.
+"""`thrifty report`: one self-contained HTML page of a run, of several runs, of a tune, or of a
+sweep.
 
 Registering only builds the parser; the handler imports the report when it runs.
 """
@@ -14,18 +15,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `report` to the `thrifty` command line."""
     parser = subparsers.add_parser(
         "report",
-        help="write one self-contained HTML page of a run (or several, or a tune)",
+        help="write one self-contained HTML page of a run (or several, a tune, or a sweep)",
         description="Write one HTML file that opens offline: the headline figures, loss with "
         "resumes, rollbacks and checkpoint saves marked, throughput and MFU, the step-time "
         "breakdown, system sampling, dollars against the projection, and the diagnosis. Given "
         "several runs, they are compared on the same axes first. Given a tune's --out, its "
-        "trials table and waterfall.",
+        "trials table and waterfall. Given a sweep's --out, every trial's validation curve "
+        "(pruned ones ending where they stopped), the trials table, the best trial and the "
+        "command that runs it, the parameter importances, and each trial's cost with what "
+        "pruning saved.",
     )
     parser.add_argument(
         "run_dirs",
         nargs="+",
         metavar="RUN_DIR",
-        help="a run directory (it holds metrics.jsonl) or a tune's --out (it holds tune.json)",
+        help="a run directory (it holds metrics.jsonl), a tune's --out (it holds tune.json) or a "
+        "sweep's --out (it holds sweep.json)",
     )
     add_output_options(
         parser,

@@ -1,5 +1,5 @@
-"""`thrifty report`: one self-contained HTML page of a run, of several runs side by side, or
-of a tune.
+"""`thrifty report`: one self-contained HTML page of a run, of several runs side by side, of
+a tune, or of a sweep.
 
 Cheap to import (no torch): a run writes its own report when it ends.
 """
@@ -15,11 +15,12 @@ from pathlib import Path
 
 from thrifty.errors import ThriftyError
 from thrifty.own_files import is_own_report
-from thrifty.reporting.runs import Run, Tune, load
+from thrifty.reporting.runs import Run, Sweep, Tune, load
 
 __all__ = [
     "REPORT_NAME",
     "Run",
+    "Sweep",
     "Tune",
     "check_target",
     "load",
@@ -38,15 +39,16 @@ def render_report(
     *,
     overwrite: bool = False,
 ) -> Path:
-    """Write the report of the run (or tune) directory `paths`, or of each of several, to `out`
-    and return its path.
+    """Write the report of the run (or tune, or sweep) directory `paths`, or of each of several,
+    to `out` and return its path.
 
     `out` defaults to <dir>/report.html for one directory, which is replaced when thrifty wrote
     it; several need `out`. An `out` that exists is replaced only with `overwrite`, and never
     when thrifty did not write it. Bad input (a directory that is not a run, a run with no
-    step recorded yet, an output that cannot or must not be written) raises ThriftyError with
-    one line naming the problem and the fix. What was left out of a run's files (damaged
-    lines, fields of the wrong type) is logged, one warning line each, and noted on the page."""
+    step recorded yet, a damaged sweep.json, an output that cannot or must not be written)
+    raises ThriftyError with one line naming the problem and the fix. What was left out of a
+    run's or a sweep's files (damaged lines, fields of the wrong type) is logged, one warning
+    line each, and noted on the page."""
     from thrifty.reporting.page import render_page
 
     if isinstance(paths, str | os.PathLike):
@@ -63,7 +65,7 @@ def render_report(
     target = Path(out) if out is not None else Path(paths[0]) / REPORT_NAME
     check_target(target, given=out is not None, overwrite=overwrite)
     for item in items:
-        for note in item.notes if isinstance(item, Run) else ():
+        for note in item.notes if isinstance(item, Run | Sweep) else ():
             log.warning("%s", note)
     return write_html(render_page(items), target)
 
@@ -123,7 +125,7 @@ def write_run_report(run_dir: str | os.PathLike[str]) -> Path | None:
     return None
 
 
-def unique_names(items: list[Run | Tune]) -> list[Run | Tune]:
+def unique_names(items: list[Run | Tune | Sweep]) -> list[Run | Tune | Sweep]:
     """The items, each named by its folder, or by its parent and folder where two share one."""
     names = [i.name for i in items]
     return [

@@ -29,18 +29,23 @@ MARK_COLORS = {
     "event": "#ae3ec9",
 }
 MARK_NAMES = {"resumed": "resume", "rollback": "rollback", "checkpoint": "checkpoint"}
+STOP_GLYPH = "✕"  # where a series stopped early (a pruned trial)
 
 
 @dataclass(frozen=True, slots=True)
 class Series:
     """One line (or one layer of a stacked chart): `points` are (x, y) in data units;
-    `band`, when given, is (x, low, high) drawn as a shaded range behind the line."""
+    `band`, when given, is (x, low, high) drawn as a shaded range behind the line. `bold`: the
+    line to look at, drawn thicker; `stop`, when given, marks the line's last point with a
+    cross (it stopped there early) and is the cross's tooltip."""
 
     name: str
     points: tuple[tuple[float, float], ...]
     color: str = ""
     dashed: bool = False
     band: tuple[tuple[float, float, float], ...] = ()
+    bold: bool = False
+    stop: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +63,9 @@ class Chart:
     """A line chart (or, `stacked`, layers whose values add up) over the optimizer step.
 
     `y_format`: "number", "percent" (values are fractions) or "usd"; `from_zero`: the y axis
-    starts at 0 (rates, dollars, seconds), else it fits the data (a loss)."""
+    starts at 0 (rates, dollars, seconds), else it fits the data (a loss). `y_max`, when given,
+    is where the y axis ends at most: a value above it is drawn on the axis' top edge (its
+    tooltip keeps the value), so one series far above the rest does not flatten them."""
 
     id: str
     title: str
@@ -71,6 +78,7 @@ class Chart:
     x_label: str = "step"
     note: str = ""
     size: str = "wide"
+    y_max: float | None = None
 
     @property
     def has_data(self) -> bool:
@@ -92,6 +100,8 @@ class Chart:
         ]
         kinds = {m.kind for m in self.marks}
         items += [_mark_legend_item(k) for k in MARK_COLORS if k in kinds]
+        if any(s.stop for s in self.series):
+            items.append(f'<span class="key"><b>{STOP_GLYPH}</b> stopped early</span>')
         note = f'<p class="note">{escape(self.note)}</p>' if self.note else ""
         return (
             f'<figure class="chart" id="chart-{escape(anchor + self.id)}">'
@@ -161,6 +171,8 @@ def _domains(chart: Chart) -> tuple[list[float], list[float]]:
         ys += [v for s in chart.series for _, lo, hi in s.band for v in (lo, hi)]
     ys = [y for y in ys if math.isfinite(y)] or [0.0, 1.0]
     y_lo, y_hi = min(ys), max(ys)
+    if chart.y_max is not None and y_lo < chart.y_max < y_hi:
+        y_hi = chart.y_max
     if chart.from_zero:
         y_lo = min(0.0, y_lo)
     else:  # a little room above and below; around a lone value, a tenth of it
@@ -268,21 +280,43 @@ def _lines(chart: Chart, sx: Scale, sy: Scale) -> str:
             continue
         color = chart.color(i)
         dash = ' stroke-dasharray="6 4"' if s.dashed else ""
+        shown = [(x, min(y, sy.hi)) for x, y in points]  # above the axis: on its top edge
         parts.append(
             f'<g class="series" data-series="{escape(s.name)}">'
-            f'<polyline points="{_path(thin(points), sx, sy)}" fill="none" stroke="{color}" '
-            f'stroke-width="2" stroke-linejoin="round"{dash}><title>{escape(s.name)}</title>'
-            "</polyline>"
+            f'<polyline points="{_path(thin(shown), sx, sy)}" fill="none" stroke="{color}" '
+            f'stroke-width="{3.5 if s.bold else 2}" stroke-linejoin="round"{dash}>'
+            f"<title>{escape(s.name)}</title></polyline>"
         )
         if len(points) <= DOT_POINTS:
-            for x, y in points:
+            for (x, y), (_, y_shown) in zip(points, shown, strict=True):
                 tip = f"{s.name} at step {fmt_value(x)}: {fmt_value(y, chart.y_format)}"
                 parts.append(
-                    f'<circle cx="{sx(x):.2f}" cy="{sy(y):.2f}" r="2.6" fill="{color}">'
+                    f'<circle cx="{sx(x):.2f}" cy="{sy(y_shown):.2f}" r="2.6" fill="{color}">'
                     f"<title>{escape(tip)}</title></circle>"
                 )
+        if s.stop:
+            parts.append(_stop(points[-1], shown[-1], s.stop, color, sx, sy))
         parts.append("</g>")
     return "".join(parts)
+
+
+def _stop(
+    point: tuple[float, float],
+    shown: tuple[float, float],
+    tip: str,
+    color: str,
+    sx: Scale,
+    sy: Scale,
+) -> str:
+    """A cross where a series stopped early: `point` in data units (kept in data-x, data-y),
+    drawn at `shown`."""
+    px, py, r = sx(shown[0]), sy(shown[1]), 5
+    return (
+        f'<g class="stop" data-x="{point[0]:.10g}" data-y="{point[1]:.10g}">'
+        f'<path d="M{px - r:.2f},{py - r:.2f}L{px + r:.2f},{py + r:.2f}'
+        f'M{px - r:.2f},{py + r:.2f}L{px + r:.2f},{py - r:.2f}" stroke="{color}" '
+        f'stroke-width="2.5"/><title>{escape(tip)}</title></g>'
+    )
 
 
 def _bands(chart: Chart, sx: Scale, sy: Scale) -> str:

@@ -2,8 +2,9 @@
 no font or image fetched from anywhere.
 
 Each section is a <section data-section="NAME"> (headline, loss, throughput, breakdown,
-system, cost, diagnosis, ranks; tune and waterfall for a tune; compare for several runs), so
-the page can be checked section by section. A section with nothing to show says why.
+system, cost, diagnosis, ranks; tune and waterfall for a tune; headline, curves, trials, best,
+importances and compute for a sweep; compare for several runs), so the page can be checked
+section by section. A section with nothing to show says why.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from typing import Any
 from thrifty.own_files import REPORT_MARK
 from thrifty.reporting import figures as fig
 from thrifty.reporting import series as ser
-from thrifty.reporting import tunes
+from thrifty.reporting import sweeps, tunes
 from thrifty.reporting.charts import MARK_NAMES, Chart
-from thrifty.reporting.runs import Run, Tune
+from thrifty.reporting.runs import Run, Sweep, Tune
 
 log = logging.getLogger("thrifty")
 
 RUN_SECTIONS = ("headline", "loss", "throughput", "breakdown", "system", "cost", "diagnosis")
+SWEEP_SECTIONS = ("headline", "curves", "trials", "best", "importances", "compute")
 TITLES = {
     "headline": "Headline",
     "loss": "Loss",
@@ -37,6 +39,11 @@ TITLES = {
     "tune": "Tuning trials",
     "waterfall": "Waterfall",
     "compare": "Runs compared",
+    "curves": "Validation curves",
+    "trials": "Trials",
+    "best": "Best trial",
+    "importances": "Parameter importances",
+    "compute": "Cost per trial, and what pruning saved",
 }
 
 CSS = """
@@ -86,9 +93,11 @@ ul.plain{margin:6px 0;padding-left:18px}
 """
 
 
-def render_page(items: Sequence[Run | Tune], now: datetime.datetime | None = None) -> str:
-    """The whole page for the runs and tunes given, in order; with several runs, a comparison
-    of them comes first."""
+def render_page(
+    items: Sequence[Run | Tune | Sweep], now: datetime.datetime | None = None
+) -> str:
+    """The whole page for the runs, tunes and sweeps given, in order; with several runs, a
+    comparison of them comes first."""
     runs = [i for i in items if isinstance(i, Run)]
     several = len(items) > 1
     body: list[str] = []
@@ -100,6 +109,8 @@ def render_page(items: Sequence[Run | Tune], now: datetime.datetime | None = Non
             body.append(f'<h2 class="run" id="{anchor}top">{escape(item.name)}</h2>')
         if isinstance(item, Tune):
             body += tune_sections(item, anchor)
+        elif isinstance(item, Sweep):
+            body += sweep_sections(item, anchor)
         else:
             body += run_sections(item, anchor)
     title = "thrifty report: " + ", ".join(i.name for i in items)
@@ -119,12 +130,14 @@ def render_page(items: Sequence[Run | Tune], now: datetime.datetime | None = Non
     )
 
 
-def _nav(items: Sequence[Run | Tune]) -> list[str]:
+def _nav(items: Sequence[Run | Tune | Sweep]) -> list[str]:
     if len(items) > 1:
         return ["compare"] if sum(isinstance(i, Run) for i in items) > 1 else []
     run = items[0]
     if isinstance(run, Tune):
         return ["headline", "tune", "waterfall"]
+    if isinstance(run, Sweep):
+        return list(SWEEP_SECTIONS)
     ranks = _drawn(run, TITLES["ranks"], lambda: fig.stragglers(run))
     return [*RUN_SECTIONS, *(["ranks"] if ranks else [])]
 
@@ -169,7 +182,7 @@ def run_sections(run: Run, anchor: str = "") -> list[str]:
     return parts
 
 
-def _content(item: Run | Tune | str, name: str, build: Callable[[], str]) -> str:
+def _content(item: Run | Tune | Sweep | str, name: str, build: Callable[[], str]) -> str:
     content = _drawn(item, TITLES[name], build)
     if content is not None:
         return str(content)
@@ -179,7 +192,7 @@ def _content(item: Run | Tune | str, name: str, build: Callable[[], str]) -> str
     )
 
 
-def _drawn(item: Run | Tune | str, what: str, build: Callable[[], Any]) -> Any:
+def _drawn(item: Run | Tune | Sweep | str, what: str, build: Callable[[], Any]) -> Any:
     """`build()`; None, with a warning naming the part, when a value in the files of `item`
     (a run, a tune, or where they are) is not of the type it should be: a part of the page
     left out, never a failed report."""
@@ -197,8 +210,9 @@ def _drawn(item: Run | Tune | str, what: str, build: Callable[[], Any]) -> Any:
         return None
 
 
-def notes_list(run: Run) -> str:
-    """What was left out of the run's files, and why: damaged lines, fields of the wrong type."""
+def notes_list(run: Run | Sweep) -> str:
+    """What was left out of the run's (or sweep's) files, and why: damaged lines, fields of the
+    wrong type."""
     if not run.notes:
         return ""
     items = "".join(f"<li>{escape(note)}</li>" for note in run.notes)
@@ -408,3 +422,16 @@ def tune_sections(tune: Tune, anchor: str = "") -> list[str]:
             "waterfall", _content(tune, "waterfall", lambda: tunes.waterfall_html(tune)), anchor
         ),
     ]
+
+
+def sweep_sections(sweep: Sweep, anchor: str = "") -> list[str]:
+    """A sweep's sections (SWEEP_SECTIONS), each drawn from its checked sweep.json."""
+    builders: list[tuple[str, Callable[[], str]]] = [
+        ("headline", lambda: tiles(sweeps.headline(sweep)) + notes_list(sweep)),
+        ("curves", lambda: sweeps.curves_html(sweep, anchor)),
+        ("trials", lambda: table(*sweeps.trials_table(sweep))),
+        ("best", lambda: sweeps.best_html(sweep)),
+        ("importances", lambda: sweeps.importances_html(sweep)),
+        ("compute", lambda: sweeps.compute_html(sweep)),
+    ]
+    return [section(name, _content(sweep, name, build), anchor) for name, build in builders]

@@ -1,9 +1,10 @@
-"""Reading what a run or a tune left in its directory, for the report.
+"""Reading what a run, a tune or a sweep left in its directory, for the report.
 
 A run directory holds config.toml, metrics.jsonl (one JSON object a line: a step's record, an
 evaluation `{"step", "val_loss"}`, or an event `{"step", "event": "resumed" | "rollback" |
 ...}`), and once the run ends diagnosis.json and (finished runs only) summary.json; its saves
-are folders under checkpoints/ with a manifest.json. A tune's --out holds tune.json.
+are folders under checkpoints/ with a manifest.json. A tune's --out holds tune.json; a sweep's
+--out holds sweep.json (checked field by field in `sweep_fields`).
 
 A run killed mid-write may leave its last metrics line cut short: that line is dropped. Other
 damaged lines (bad bytes, not a JSON object) are left out too, and the page says which. A field
@@ -22,8 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.errors import ThriftyError
+from thrifty.reporting.sweep_fields import check_sweep
 
-WHAT_A_RUN_IS = "a run directory (it holds metrics.jsonl) or a tune's --out (it holds tune.json)"
+WHAT_A_RUN_IS = (
+    "a run directory (it holds metrics.jsonl), a tune's --out (it holds tune.json) or a sweep's "
+    "--out (it holds sweep.json)"
+)
+SWEEP_JSON_FIX = "thrifty sweep writes it anew from its study when it next runs with this --out"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +67,20 @@ class Tune:
     data: dict[str, Any]
 
 
-def load(path: str | os.PathLike[str]) -> Run | Tune:
-    """The run or tune in `path`; anything else is a ThriftyError naming what is missing."""
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """A `thrifty sweep` --out: `data` is its sweep.json (thrifty.sweeps.results.sweep_record)
+    with what the report cannot read left out; `notes` says what, one line each."""
+
+    path: Path
+    name: str
+    data: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+
+def load(path: str | os.PathLike[str]) -> Run | Tune | Sweep:
+    """The run, tune or sweep in `path`; anything else is a ThriftyError naming what is
+    missing."""
     path = Path(path)
     if not path.exists():
         raise ThriftyError(f"{path} does not exist: give {WHAT_A_RUN_IS}")
@@ -70,7 +88,16 @@ def load(path: str | os.PathLike[str]) -> Run | Tune:
         raise ThriftyError(f"{path} is not a directory: give {WHAT_A_RUN_IS}")
     if (path / "tune.json").is_file():
         return Tune(path, path.resolve().name, _read_json(path / "tune.json"))
+    if (path / "sweep.json").is_file():
+        return load_sweep(path)
     return load_run(path)
+
+
+def load_sweep(path: Path) -> Sweep:
+    """The sweep whose --out is `path`: its sweep.json, checked."""
+    notes: list[str] = []
+    data = _read_json(path / "sweep.json", SWEEP_JSON_FIX)
+    return Sweep(path, path.resolve().name, check_sweep(data, path / "sweep.json", notes), notes)
 
 
 def load_run(path: Path) -> Run:
@@ -222,16 +249,15 @@ def _read_optional(path: Path) -> dict[str, Any] | None:
     return _read_json(path) if path.is_file() else None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    """A JSON file the run wrote atomically."""
+def _read_json(path: Path, fix: str = "move it away to report the rest") -> dict[str, Any]:
+    """A JSON file the run wrote atomically; `fix` says what to do when it is damaged."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ThriftyError(f"cannot read {path}: {exc.strerror}") from exc
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ThriftyError(
-            f"{path} is not valid JSON ({exc}): the file was damaged; move it away to report "
-            "the rest"
+            f"{path} is not valid JSON ({exc}): the file was damaged; {fix}"
         ) from None
     if not isinstance(data, dict):
         raise ThriftyError(f"{path} does not hold a JSON object: it is not one thrifty wrote")

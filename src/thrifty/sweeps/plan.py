@@ -20,6 +20,7 @@ from thrifty.config import (
     read_config_file,
 )
 from thrifty.errors import ConfigError, ThriftyError
+from thrifty.own_files import is_own_report
 from thrifty.redact import redact_value
 from thrifty.sweeps import hyperband, pruning
 from thrifty.sweeps.results import BEST_TOML, CONFIG_KEY, SWEEP_JSON
@@ -32,6 +33,7 @@ from thrifty.sweeps.trial import TrialSetup
 OWN = (JOURNAL, f"{JOURNAL}.lock", SWEEP_JSON, BEST_TOML, "trials")
 _TEMPORARY = re.compile(rf"\.({re.escape(SWEEP_JSON)}|{re.escape(BEST_TOML)})\.tmp-\d+")
 _TRIAL_DIR = re.compile(r"\d{4,}")
+REPORT_HTML = "report.html"  # the page `thrifty report DIR` draws of the sweep, in its --out
 
 
 def make_sweep(
@@ -158,8 +160,9 @@ def _check_out(out: Path) -> None:
     strangers = []
     for entry in sorted(out.iterdir()):
         lock = entry.name == f"{JOURNAL}.lock"  # the journal's lock: a symlink while held
+        report = entry.name == REPORT_HTML and entry.is_file() and is_own_report(entry)
         if (entry.is_symlink() and not lock) or not (
-            entry.name in OWN or _TEMPORARY.fullmatch(entry.name)
+            entry.name in OWN or _TEMPORARY.fullmatch(entry.name) or report
         ):
             strangers.append(entry.name)
         elif entry.name == "trials":
