@@ -284,3 +284,17 @@ def test_hyperband_pauses_the_early_arrivals_and_stops_as_many_as_its_bracket_pr
     if survivor["number"] != 2:
         log = (out / "trials" / f"{survivor['number']:04d}" / "train.log").read_text()
         assert "resumed from step 10" in log
+
+
+def test_a_budget_stops_starting_trials_it_cannot_pay_for(tmp_path: Path) -> None:
+    config, space = write_inputs(tmp_path, steps=20)
+    out = tmp_path / "sweep"
+    done = run(sweep_command(config, space, out, "--trials", "5", "--budget", "$0.000001"))
+    assert done.returncode == 0, done.stderr
+    data = record(out)
+    # The first trial starts (nothing to expect a cost from yet) and is never cut off; after
+    # it, one more would cost more than the budget has left.
+    assert [t["state"] for t in data["trials"]] == ["complete"]
+    assert data["trials"][0]["steps"] == 20
+    assert "no new trial" in done.stderr
+    assert data["compute"]["cost"] == data["trials"][0]["cost"] > 0.000001
