@@ -35,7 +35,7 @@ test: $(STAMP) chromium postgresql
 	$(PY) -m ruff check src tests benchmarks examples
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -m "not slow" -n 2 --dist worksteal $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks

@@ -12,8 +12,10 @@ trials or fewer every arm tries the same learning rates and differs only in what
 
 Each arm is `thrifty.sweep(...)`: every trial a real `thrifty train` run in its own process.
 Compute is the trials' wall seconds summed (process start-up, evaluation, checkpoints
-included). Printed per arm: compute, its ratio to (a)'s, the best validation loss and its gap
-to (a)'s best. Then a plain-Optuna user's loop on the same task and space: a hand-written
+included: a paused or resumed trial pays its start-up again); steps are the optimizer steps
+the trials ran, what compute comes to when a trial is long beside its start-up, as on a GPU.
+Printed per arm: compute and steps with their ratios to (a)'s, the best validation loss and
+its gap to (a)'s best. Then a plain-Optuna user's loop on the same task and space: a hand-written
 PyTorch objective with `trial.report` / `trial.should_prune` (MedianPruner), in this process.
 The goal: an arm within 1% of (a)'s best validation loss for at most a third of (a)'s compute.
 The last line names the arm with the least compute among those within 1%:
@@ -159,19 +161,27 @@ def main(argv: list[str] | None = None) -> int:
     records = {arm: run_arm(arm, args.trials, root) for arm in ARMS}
     base = records["none"]
     base_seconds, base_loss = base["compute"]["seconds"], base["best"]["value"]
-    print(f"\n{'arm':<12}{'compute s':>11}{'ratio':>8}{'best loss':>11}{'gap':>9}{'pruned':>8}{'wall s':>9}")
+    base_steps = sum(t["steps"] or 0 for t in base["trials"])
+    print(
+        f"\n{'arm':<12}{'compute s':>11}{'ratio':>8}{'steps':>8}{'ratio':>8}{'best loss':>11}"
+        f"{'gap':>9}{'pruned':>8}"
+    )
     rows = []
     for arm, rec in records.items():
         seconds, loss = rec["compute"]["seconds"], rec["best"]["value"]
         ratio, gap = seconds / base_seconds, (loss / base_loss - 1) * 100
         pruned = rec["counts"]["pruned"]
+        steps = sum(t["steps"] or 0 for t in rec["trials"])
         rows.append((arm, ratio, gap))
-        print(f"{arm:<12}{seconds:>11.1f}{ratio:>8.2f}{loss:>11.4f}{gap:>8.2f}%{pruned:>8}{rec['wall']:>9.1f}")
+        print(
+            f"{arm:<12}{seconds:>11.1f}{ratio:>8.2f}{steps:>8}{steps / base_steps:>8.2f}"
+            f"{loss:>11.4f}{gap:>8.2f}%{pruned:>8}"
+        )
     rates = [t["params"]["optimizer.lr"] for t in base["trials"]]
     seconds, loss, pruned = plain_optuna(rates)
     print(
-        f"{'optuna loop':<12}{seconds:>11.1f}{seconds / base_seconds:>8.2f}{loss:>11.4f}"
-        f"{(loss / base_loss - 1) * 100:>8.2f}%{pruned:>8}{seconds:>9.1f}"
+        f"{'optuna loop':<12}{seconds:>11.1f}{seconds / base_seconds:>8.2f}{'-':>8}{'-':>8}"
+        f"{loss:>11.4f}{(loss / base_loss - 1) * 100:>8.2f}%{pruned:>8}"
     )
     print(
         "(optuna loop: a hand-written objective in this process, MedianPruner, arm (a)'s "

@@ -29,6 +29,7 @@ from optuna.trial import TrialState
 
 from thrifty.children import Children
 from thrifty.errors import ThriftyError
+from thrifty.redact import redact_text
 from thrifty.sweeps import results
 from thrifty.sweeps.space import Space
 from thrifty.sweeps.study import requeue_orphans
@@ -44,6 +45,7 @@ from thrifty.sweeps.trial import (
 )
 
 STOP_GRACE_SECONDS = 120.0  # a trial's emergency checkpoint after the sweep's stop signal
+STORAGE_RETRIES = (5.0, 10.0, 20.0, 40.0, 60.0)  # seconds between tries of a failing storage
 
 
 class SweepStopped(ThriftyError):
@@ -106,6 +108,7 @@ class Sweep:
     seed: int = 0
     stopping: threading.Event = field(default_factory=threading.Event)
     signalled: threading.Event = field(default_factory=threading.Event)  # SIGTERM, SIGINT
+    failure: str | None = None  # why the sweep ended before its end (one line)
     lock: threading.Lock = field(default_factory=threading.Lock)
     ended: list[Ended] = field(default_factory=list)
 
@@ -132,6 +135,8 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
                 thread.join()
             sweep.setup.leases.stop.set()
     record = results.write(sweep.study, sweep.setup.out, sweep.budget)
+    if sweep.failure is not None:
+        raise ThriftyError(sweep.failure)
     if sweep.signalled.is_set():
         waiting = sum(1 for e in sweep.ended if e.state == "requeued")
         raise SweepStopped(
@@ -160,33 +165,62 @@ def _stop_signals(sweep: Sweep) -> Iterator[None]:
 
 
 def _worker(sweep: Sweep, children: Children) -> None:
+    """Take up trials until none may start; a storage that fails (a database gone for a
+    while) is retried with a back-off, and ends the sweep with one line if it stays down."""
+    failures = 0
     while not sweep.stopping.is_set():
-        with sweep.lock:
-            requeue_orphans(sweep.study, SECONDS_KEY)
-            for number, what in release_paused(sweep.setup, sweep.study):
-                sweep.say(f"trial {number}: its bracket caught up: {what}")
-            if not _may_start(sweep):
-                if _paused_behind_running(sweep.study):  # a trial in flight may release them
-                    time.sleep(1.0)
-                    continue
+        try:
+            if not _next_trial(sweep, children):
                 return
-            # The sampler is seeded by the trial's number: a sweep stopped and continued
-            # samples what it would have sampled without the stop (TPE keeps no other state).
-            count = len(sweep.study.get_trials(deepcopy=False))
-            sweep.study.sampler = optuna.samplers.TPESampler(seed=sweep.seed + count)
-            trial = sweep.study.ask()
-            params = sweep.space.suggest(trial)
-        resumed = SECONDS_KEY in sweep.setup.storage.get_trial(trial._trial_id).user_attrs
-        sweep.say(
-            f"trial {trial.number}: {'resumed' if resumed else 'started'} "
-            + " ".join(f"{k}={_show(v)}" for k, v in params.items())
+            failures = 0
+        except Exception as exc:  # the storage: a lost connection, a locked journal
+            failures += 1
+            text = redact_text(str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+            why = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+            if failures > len(STORAGE_RETRIES):
+                sweep.failure = (
+                    f"the study's storage keeps failing ({why}): the trials are saved; run the "
+                    "same command to continue once it is back"
+                )
+                sweep.stopping.set()
+                return
+            wait = STORAGE_RETRIES[failures - 1]
+            sweep.say(f"the study's storage failed ({why}); trying again in {wait:.0f} s")
+            sweep.stopping.wait(wait)
+
+
+def _next_trial(sweep: Sweep, children: Children) -> bool:
+    """Run (or resume) one trial; False when no trial may start any more."""
+    with sweep.lock:
+        requeue_orphans(sweep.study, SECONDS_KEY)
+        for number, what in release_paused(sweep.setup, sweep.study):
+            sweep.say(f"trial {number}: its bracket caught up: {what}")
+        if not _may_start(sweep):
+            if _paused_behind_running(sweep.study):  # a trial in flight may release them
+                time.sleep(1.0)
+                return True
+            return False
+        # The sampler is seeded by the trial's number: a sweep stopped and continued samples
+        # what it would have sampled without the stop (TPE keeps no other state).
+        count = len(sweep.study.get_trials(deepcopy=False))
+        sweep.study.sampler = optuna.samplers.TPESampler(seed=sweep.seed + count)
+        trial = sweep.study.ask()
+        params = sweep.space.suggest(trial)
+    resumed = SECONDS_KEY in sweep.setup.storage.get_trial(trial._trial_id).user_attrs
+    sweep.say(
+        f"trial {trial.number}: {'resumed' if resumed else 'started'} "
+        + " ".join(f"{k}={_show(v)}" for k, v in params.items())
+    )
+    ended = run_trial(sweep.setup, sweep.study, trial, params, children, sweep.stopping)
+    sweep.ended.append(ended)
+    detail = f" ({ended.detail})" if ended.detail else ""
+    sweep.say(f"trial {ended.number}: {ended.state}{detail}")
+    if ended.state == "failed" and "No space left" in ended.detail:
+        sweep.failure = (
+            f"trial {ended.number}: {ended.detail}: free some space, then run the same command"
         )
-        ended = run_trial(sweep.setup, sweep.study, trial, params, children, sweep.stopping)
-        sweep.ended.append(ended)
-        detail = f" ({ended.detail})" if ended.detail else ""
-        sweep.say(f"trial {ended.number}: {ended.state}{detail}")
-        if ended.state == "failed" and "No space left" in ended.detail:
-            sweep.stopping.set()
+        sweep.stopping.set()
+    return True
 
 
 def _paused_behind_running(study: optuna.Study) -> bool:

@@ -36,6 +36,7 @@ from optuna.trial import TrialState
 
 from thrifty.children import Child, Children
 from thrifty.config import toml_literal
+from thrifty.console import say
 from thrifty.records.stop_signals import EXIT_PREEMPTED
 from thrifty.run.judge import ENV as JUDGE_ENV
 from thrifty.run.judge import GO, PAUSE, PRUNE
@@ -206,7 +207,12 @@ def _serve(
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
             report = json.loads(line)
-            answer = _judge(setup, study, trial, report)
+            try:
+                answer = _judge(setup, study, trial, report)
+            except Exception as exc:  # the storage is down: the trial goes on, unjudged
+                say("sweep", f"trial {trial.number}: step {report.get('step')} not reported "
+                    f"({type(exc).__name__}): the study's storage failed; the trial goes on")
+                answer = GO
             if answer == PAUSE:
                 paused = int(report["step"])
             try:
