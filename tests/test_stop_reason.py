@@ -20,6 +20,7 @@ def test_each_reason_is_the_word_it_always_was():
         "max_time",
         "early_stopping",
         "forecast",
+        "pruned",
         "data_exhausted",
     ]
     assert [r.value for r in StopReason] == words
@@ -44,6 +45,8 @@ def test_the_winner_follows_the_declared_precedence():
     assert StopReason.decide("max_steps", "preempted") is StopReason.PREEMPTED
     assert StopReason.decide("max_time", "early_stopping") is StopReason.MAX_TIME
     assert StopReason.decide("forecast", "early_stopping") is StopReason.EARLY_STOPPING
+    assert StopReason.decide("pruned", "forecast") is StopReason.FORECAST
+    assert StopReason.decide("max_steps", "pruned") is StopReason.MAX_STEPS
     assert StopReason.decide(None, "data_exhausted") is StopReason.DATA_EXHAUSTED
     assert StopReason.decide() is None and StopReason.decide(None, None) is None
 
@@ -63,7 +66,12 @@ def test_the_budget_names_its_limits_in_the_same_order():
 
 def test_what_each_reason_means_for_the_run():
     early = {r for r in StopReason if r.early}
-    assert early == {StopReason.EARLY_STOPPING, StopReason.FORECAST, StopReason.DIVERGED}
+    assert early == {
+        StopReason.EARLY_STOPPING,
+        StopReason.FORECAST,
+        StopReason.PRUNED,
+        StopReason.DIVERGED,
+    }
     unfinished = {r for r in StopReason if r.unfinished}
     assert unfinished == {StopReason.PREEMPTED, StopReason.DATA_ERROR}
     no_final = {r for r in StopReason if not r.saves_final}

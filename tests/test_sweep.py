@@ -164,7 +164,9 @@ def test_a_killed_sweep_resumes_its_trial_from_its_checkpoint_and_decides_as_if_
     assert again.returncode == 0, again.stderr
     assert "trial 0: resumed" in again.stderr
     log = (killed / "trials" / "0000" / "train.log").read_text()
-    assert int(log.split("resumed from step ")[1].split()[0]) >= 30  # never from step 0
+    # From its newest complete checkpoint: the one at step 30 may have been cut short by the
+    # kill (then it is not trusted and the one at 20 is), never from step 0.
+    assert int(log.split("resumed from step ")[1].split()[0]) >= 20
 
     # Bit for bit: every trial's curve, value and the pruner's decisions are those of the
     # sweep that never stopped.
@@ -218,7 +220,10 @@ def test_a_sweep_records_every_trial_its_dollars_and_writes_best_toml(tmp_path: 
         assert t["value"] == t["curve"][-1][1]
         assert t["run_dir"].endswith(f"trials/{t['number']:04d}")
         summary = json.loads((Path(t["run_dir"]) / "summary.json").read_text())
-        assert t["cost"] == summary["cost"]["usd"] > 0
+        # Its wall seconds (start-up included) at its run's own price.
+        price = summary["cost"]["usd_per_hour"] / 3600
+        assert t["cost"] == pytest.approx(t["seconds"] * price, rel=1e-6)
+        assert t["cost"] > summary["cost"]["usd"] > 0
         assert 0.001 <= t["params"]["optimizer.lr"] <= 0.3
     best = min(trials, key=lambda t: t["value"])
     assert data["best"] == {"number": best["number"], "value": best["value"], "params": best["params"]}
@@ -286,15 +291,27 @@ def test_hyperband_pauses_the_early_arrivals_and_stops_as_many_as_its_bracket_pr
         assert "resumed from step 10" in log
 
 
-def test_a_budget_stops_starting_trials_it_cannot_pay_for(tmp_path: Path) -> None:
-    config, space = write_inputs(tmp_path, steps=20)
-    out = tmp_path / "sweep"
-    done = run(sweep_command(config, space, out, "--trials", "5", "--budget", "$0.000001"))
-    assert done.returncode == 0, done.stderr
-    data = record(out)
+def test_the_python_api_takes_dicts_and_a_budget_stops_starting_trials_it_cannot_pay_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import thrifty
+    from thrifty.config import toml_loads
+
+    monkeypatch.setenv("PYTHONPATH", env()["PYTHONPATH"])  # the trials import dist_task
+    said: list[str] = []
+    data = thrifty.sweep(
+        toml_loads(CONFIG.format(steps=20)),
+        {"optimizer.lr": {"low": 0.001, "high": 0.3, "log": True}},
+        tmp_path / "sweep",
+        trials=5,
+        budget="$0.000001",
+        say=said.append,
+    )
+    assert data == record(tmp_path / "sweep")
     # The first trial starts (nothing to expect a cost from yet) and is never cut off; after
     # it, one more would cost more than the budget has left.
     assert [t["state"] for t in data["trials"]] == ["complete"]
     assert data["trials"][0]["steps"] == 20
-    assert "no new trial" in done.stderr
+    assert any("no new trial" in line for line in said)
     assert data["compute"]["cost"] == data["trials"][0]["cost"] > 0.000001
+    assert data["budget"] == "$0.00"

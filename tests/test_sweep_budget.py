@@ -10,16 +10,18 @@ from optuna.trial import TrialState
 from thrifty.errors import ThriftyError
 from thrifty.sweeps.results import budget_allows
 from thrifty.sweeps.runner import Budget
-from thrifty.sweeps.trial import SECONDS_KEY, SUMMARY_KEY
+from thrifty.sweeps.trial import FACTS_KEY, SECONDS_KEY
 
 
 def study_with(*trials: tuple[str, float, float | None, int, int]) -> optuna.Study:
-    """Trials as (state, seconds, usd, steps run, last step)."""
+    """Trials as (state, seconds, usd, steps run, last step); a step takes 0.4 s."""
     study = optuna.create_study()
     for state, seconds, usd, steps, end in trials:
         trial = study.ask()
         trial.set_user_attr(SECONDS_KEY, seconds)
-        trial.set_user_attr(SUMMARY_KEY, {"steps": steps, "usd": usd})
+        price = None if usd is None else usd / seconds
+        facts = {"steps": steps, "step_seconds": 0.4, "usd_per_second": price}
+        trial.set_user_attr(FACTS_KEY, facts)
         trial.set_user_attr("thrifty.end_step", end)
         trial.report(1.0, steps)
         if state == "complete":
@@ -37,7 +39,7 @@ def allows(study: optuna.Study, budget: Budget) -> bool:
 
 
 def test_a_time_budget_pays_for_what_ran_and_one_more_at_the_mean_full_cost() -> None:
-    # 40 s complete, and a pruned one that ran 10 s of its 100 steps at step 25 (40 s in full).
+    # 40 s complete, and a pruned one that ran 10 s to step 25 of 100 (+ 75 x 0.4 s in full).
     study = study_with(("complete", 40.0, None, 100, 100), ("pruned", 10.0, None, 25, 100))
     assert allows(study, Budget(seconds=90.0))  # used 50 + expected 40 = 90
     assert not allows(study, Budget(seconds=89.0))

@@ -1,9 +1,11 @@
 """What a sweep found and what it cost: DIR/sweep.json, DIR/best.toml, and the budget's check.
 
-Compute is counted in the trials' wall seconds (every session of a trial, a preempted one's lost
-steps included); dollars are the runs' own (`[cost]`: the catalog's spot or on-demand price,
-redone steps included). `unpruned_seconds` is what running every trial to its end would have
-taken: a pruned trial's seconds scaled by its last step over the steps it ran.
+Compute is counted in the trials' wall seconds: every session of a trial, its process's
+start-up and a preempted session's lost steps included, since a machine is paid for all of it.
+Dollars are those seconds at the trial's own price (`[cost]`: the catalog's spot or on-demand
+rate, as the run's cost meter has it). `unpruned_seconds` is what running every trial to its
+end would have taken: a pruned trial's seconds plus the steps it did not run at its own median
+step time (evaluations left out, so the saving is if anything understated).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from thrifty.sweeps.pruning import ForecastPruner
 from thrifty.sweeps.study import PAUSED_KEY
-from thrifty.sweeps.trial import ERROR_KEY, PRUNED_KEY, RUN_DIR_KEY, SECONDS_KEY, SUMMARY_KEY
+from thrifty.sweeps.trial import ERROR_KEY, FACTS_KEY, PRUNED_KEY, RUN_DIR_KEY, SECONDS_KEY
 
 SWEEP_JSON = "sweep.json"
 BEST_TOML = "best.toml"
@@ -41,20 +43,18 @@ BEST_HEADER = (
 def trial_record(trial: FrozenTrial) -> dict[str, Any]:
     """One trial as sweep.json holds it."""
     attrs = trial.user_attrs
-    summary = attrs.get(SUMMARY_KEY) or {}
+    facts = attrs.get(FACTS_KEY) or {}
     curve = sorted(trial.intermediate_values.items())
-    steps = summary.get("steps")
-    if steps is None and curve:
-        steps = curve[-1][0]
+    steps = facts.get("steps") or (curve[-1][0] if curve else None)
     seconds = float(attrs.get(SECONDS_KEY, 0.0))
     end = attrs.get(ForecastPruner.END_KEY)
     unpruned = seconds
-    usd = summary.get("usd")
-    unpruned_usd = usd
-    if trial.state == TrialState.PRUNED and isinstance(end, int) and steps:
-        scale = max(1.0, end / steps)
-        unpruned = seconds * scale
-        unpruned_usd = None if usd is None else usd * scale
+    step_seconds = facts.get("step_seconds")
+    if trial.state == TrialState.PRUNED and isinstance(end, int) and steps and step_seconds:
+        unpruned = seconds + max(0, end - steps) * step_seconds
+    price = facts.get("usd_per_second")
+    usd = None if price is None else seconds * price
+    unpruned_usd = None if price is None else unpruned * price
     state = _STATES.get(trial.state, trial.state.name.lower())
     if trial.state == TrialState.RUNNING and isinstance(attrs.get(PAUSED_KEY), int):
         state = "paused"  # saved at a Hyperband rung, waiting for its bracket

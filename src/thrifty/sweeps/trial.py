@@ -48,7 +48,7 @@ SECONDS_KEY = "thrifty.seconds"  # wall seconds of the trial's processes, all se
 RUN_DIR_KEY = "thrifty.run_dir"
 PRUNED_KEY = "thrifty.pruned"  # why it was pruned: step, value, reason, forecast, bound
 ERROR_KEY = "thrifty.error"
-SUMMARY_KEY = "thrifty.summary"  # steps, cost and stop reason from the run's summary.json
+FACTS_KEY = "thrifty.run"  # steps, step time and price, from the run's own records
 POLL_SECONDS = 0.2
 IN_USE = " is in use by "  # the run lock's refusal (thrifty.run.lock)
 
@@ -167,6 +167,7 @@ def run_trial(
                 os.close(fd)
         setup.leases.release(trial_id)
     _add_seconds(storage, trial, child.elapsed)
+    trial.set_user_attr(FACTS_KEY, run_facts(out))
     return _finish(setup, study, trial, out, child, code, paused, stopped)
 
 
@@ -293,6 +294,38 @@ def release_paused(setup: TrialSetup, study: optuna.Study) -> list[tuple[int, st
     return decided
 
 
+def run_facts(run_dir: Path) -> dict[str, Any]:
+    """What a trial's run recorded so far (metrics.jsonl): `steps` (its last step),
+    `step_seconds` (the median of its logged step times) and `usd_per_second` (its price, from
+    its cost meter; None without [cost]). A damaged line is skipped."""
+    steps, times, price = 0, [], None
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            continue
+        steps = max(steps, record["step"])
+        if isinstance(record.get("step_seconds"), (int, float)):
+            times.append(float(record["step_seconds"]))
+        cost = record.get("cost")
+        if isinstance(cost, dict):
+            usd, elapsed = cost.get("usd"), cost.get("elapsed_seconds")
+            if isinstance(usd, (int, float)) and isinstance(elapsed, (int, float)) and elapsed > 0:
+                price = (usd - float(cost.get("wasted_usd") or 0.0)) / elapsed
+    times.sort()
+    return {
+        "steps": steps,
+        "step_seconds": times[len(times) // 2] if times else None,
+        "usd_per_second": price,
+    }
+
+
 def _add_seconds(storage: Any, trial: optuna.Trial, seconds: float) -> None:
     before = storage.get_trial(trial._trial_id).user_attrs.get(SECONDS_KEY, 0.0)
     trial.set_user_attr(SECONDS_KEY, float(before) + seconds)
@@ -329,16 +362,6 @@ def _finish(
         trial.set_user_attr(ERROR_KEY, error)
         study.tell(trial, state=TrialState.FAIL)
         return Ended(number, "failed", error)
-    cost = summary.get("cost") or {}
-    trial.set_user_attr(
-        SUMMARY_KEY,
-        {
-            "steps": summary.get("steps"),
-            "stop_reason": summary.get("stop_reason"),
-            "usd": cost.get("usd"),
-            "train_seconds": summary.get("wall_seconds"),
-        },
-    )
     reason = summary.get("stop_reason")
     if reason == "pruned":
         study.tell(trial, state=TrialState.PRUNED)
