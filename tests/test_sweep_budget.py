@@ -75,3 +75,18 @@ def test_a_bad_budget_is_one_line(text: str) -> None:
     with pytest.raises(ThriftyError) as caught:
         Budget.parse(text)
     assert "--budget" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_each_worker_has_a_gpu_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    from thrifty.sweeps.runner import _device_env, visible_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,5")
+    gpus = visible_gpus()
+    assert [_device_env(gpus, i) for i in range(4)] == [
+        {"CUDA_VISIBLE_DEVICES": "2"},
+        {"CUDA_VISIBLE_DEVICES": "3"},
+        {"CUDA_VISIBLE_DEVICES": "5"},
+        {"CUDA_VISIBLE_DEVICES": "2"},  # more workers than GPUs: shared round-robin
+    ]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert _device_env(visible_gpus(), 0) == {}  # no GPU: the trials' environment as it is

@@ -63,6 +63,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="relaunches after a failure that is not a preemption (default 3)",
     )
     parser.add_argument("--time", metavar="DURATION", help="Slurm time limit, e.g. 24h")
+    sweep = parser.add_argument_group("a sweep instead of one run (thrifty sweep on every node)")
+    sweep.add_argument(
+        "--sweep",
+        metavar="SPACE.toml",
+        help="start one sweep worker per node, a trial per GPU, instead of one training run",
+    )
+    sweep.add_argument(
+        "--storage",
+        metavar="URL",
+        help="the study the nodes share (postgresql://...); it travels in THRIFTY_SWEEP_STORAGE, "
+        "never in the file; needed with more than one node",
+    )
+    sweep.add_argument("--study", metavar="NAME", help="the study's name (default: the run's name)")
     _cost_options(parser)
     add_set_option(parser)
     parser.set_defaults(handler=run_launch)

@@ -4,7 +4,9 @@ command line of `thrifty launch`.
 The job is the same whatever runs it: N nodes of K GPUs, each starting thrifty's node agent
 (`python -m thrifty.fleet.agent`, torch's elastic agent with the preempted exit code kept),
 which trains the config with its checkpoints in storage every node and every relaunch can
-read. Units: seconds, GPUs per node.
+read. A sweep's job (`SweepJob`) instead starts one sweep worker per node
+(`python -m thrifty sweep ... --workers K`, a trial a GPU), all of them taking trials from
+one study. Units: seconds, GPUs per node.
 """
 
 from __future__ import annotations
@@ -71,6 +73,25 @@ def is_remote(location: str | None) -> bool:
     return location is not None and "://" in location and not location.startswith("file://")
 
 
+STORAGE_ENV = "THRIFTY_SWEEP_STORAGE"  # a sweep's study URL: it holds a password, so it travels
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepJob:
+    """`thrifty launch --sweep SPACE.toml`: `space` relative to the job's directory like the
+    config, the study's `storage` URL (None: one node, a journal in `out`), its `study` name
+    and each node's `out`."""
+
+    space: str
+    storage: str | None
+    study: str
+    out: str
+
+    def __post_init__(self) -> None:
+        check_travels(self.space, "the space's path")
+        check_travels(self.study, "--study")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FleetJob:
     """Everything the engines write: the job's name, nodes, GPUs, storage and command.
@@ -98,6 +119,7 @@ class FleetJob:
     time_limit: float | None = None
     storage_extra: str | None = None
     loader_workers: int | None = None
+    sweep: SweepJob | None = None
 
     def __post_init__(self) -> None:
         check_travels(self.config, "the config's path")
@@ -119,6 +141,8 @@ class FleetJob:
     def passed(self) -> list[Passed]:
         """The secrets among the job's values, each passed in an environment variable."""
         passed = override_words(self.overrides)[1]
+        if self.sweep is not None and self.sweep.storage is not None:
+            passed.append(Passed(STORAGE_ENV, self.sweep.storage, "the sweep's study (--storage)"))
         if self.location is not None:
             location = location_word(self.location, in_env=False)[1]
             passed += [location] if location is not None else []
@@ -137,7 +161,10 @@ class FleetJob:
         """What every node runs, one option a line: thrifty's node agent (`head` holds the
         first node's address), then `-- train CONFIG --set ...`. `location_in_env`: the
         checkpoint location is read from LOCATION_ENV, which the engine sets (so it is,
-        whatever this says, when the location holds a secret)."""
+        whatever this says, when the location holds a secret). A sweep's job runs one sweep
+        worker instead, a trial per GPU of the node."""
+        if self.sweep is not None:
+            return self._sweep_lines(per_node)
         lines: list[list[Word]] = [
             ["python", "-m", "thrifty.fleet.agent"],
             ["--nnodes", nodes],
@@ -152,6 +179,21 @@ class FleetJob:
         if self.location is not None:
             lines.append(["--set", location_word(self.location, location_in_env)[0]])
         return lines
+
+
+    def _sweep_lines(self, per_node: Word) -> list[list[Word]]:
+        sweep = self.sweep
+        assert sweep is not None
+        lines: list[list[Word]] = [
+            ["python", "-m", "thrifty", "sweep", self.config],
+            ["--space", sweep.space],
+            ["--study", sweep.study],
+            ["--out", sweep.out],
+            ["--workers", per_node],
+        ]
+        if sweep.storage is not None:
+            lines.insert(2, ["--storage", Env(STORAGE_ENV)])
+        return lines + [["--set", word] for word in override_words(self.overrides)[0]]
 
 
 def storage_extra(location: str | None) -> str | None:

@@ -19,6 +19,7 @@ from thrifty.fleet.cost import pick_instance
 from thrifty.fleet.files import check_job_file, write_atomic
 from thrifty.fleet.job import (
     FleetJob,
+    SweepJob,
     check_bucket,
     check_storage,
     job_name,
@@ -67,9 +68,11 @@ def build_job(args: argparse.Namespace, config: TrainConfig, cwd: Path) -> Fleet
         pick_instance(catalog, gpus.name, gpus.per_node, args.instance)
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts {args.max_restarts} is invalid: give 0 or more")
-    check_bucket(args.bucket, args.engine)
-    check_storage(args.nodes, args.bucket or config.checkpoint.location, args.engine, args.spot)
     rel = relative_config(args.config, cwd)
+    sweep = sweep_job(args, config, cwd)
+    if sweep is None:
+        check_bucket(args.bucket, args.engine)
+        check_storage(args.nodes, args.bucket or config.checkpoint.location, args.engine, args.spot)
     workers = config.data.num_workers
     return FleetJob(
         name=job_name(config.run.name),
@@ -86,6 +89,37 @@ def build_job(args: argparse.Namespace, config: TrainConfig, cwd: Path) -> Fleet
         time_limit=None if args.time is None else parse_duration(args.time, "--time"),
         storage_extra=storage_extra(args.bucket or config.checkpoint.location),
         loader_workers=None if workers == "auto" else int(workers),
+        sweep=sweep,
+    )
+
+
+def sweep_job(args: argparse.Namespace, config: TrainConfig, cwd: Path) -> SweepJob | None:
+    """`--sweep SPACE.toml`: one sweep worker per node (None without it). Each trial keeps its
+    checkpoints in its own run directory, so --bucket (one run's location) does not apply; more
+    than one node needs --storage, the study they share."""
+    given = getattr(args, "sweep", None)
+    if given is None:
+        if getattr(args, "storage", None) or getattr(args, "study", None):
+            raise ConfigError("--storage and --study are a sweep's: give --sweep SPACE.toml too")
+        return None
+    if not Path(given).is_file():
+        raise ConfigError(f"--sweep {given}: no such file; give the sweep's SPACE.toml")
+    if args.bucket is not None:
+        raise ConfigError(
+            "--bucket is one run's checkpoint location: a sweep's trials checkpoint in their own "
+            "run directories; leave --bucket out with --sweep"
+        )
+    if args.nodes > 1 and not args.storage:
+        raise ConfigError(
+            f"--nodes {args.nodes} with --sweep needs --storage URL: the study the nodes share "
+            "(e.g. postgresql://user:pass@host/db); without it each node would sweep alone"
+        )
+    study = args.study or config.run.name
+    return SweepJob(
+        space=relative_config(given, cwd),
+        storage=args.storage,
+        study=study,
+        out=f"runs/sweep-{study}",
     )
 
 

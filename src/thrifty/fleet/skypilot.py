@@ -154,6 +154,14 @@ def _run_script(job: FleetJob) -> str:
         Env("SKYPILOT_TASK_ID"),
         location_in_env=True,
     )
+    if job.sweep is not None:
+        lines = [
+            *job.required_lines(),
+            "# one sweep worker per node, a trial per GPU, all taking trials from one study.",
+            "# 75: preempted, its trials saved; SkyPilot relaunches and the sweep goes on.",
+            command(node),
+        ]
+        return "\n".join(lines) + "\n"
     lines = [
         *job.required_lines(),
         "# rank 0 and the rendezvous are on the head node, the first of SKYPILOT_NODE_IPS;",

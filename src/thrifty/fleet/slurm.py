@@ -92,8 +92,7 @@ def sbatch_script(job: FleetJob, *, version: str) -> str:
         *_version_check(version),
         f"# SIGUSR1 comes {lead} s before the time limit: enough for the emergency checkpoint",
         "# (checkpoint.upload_deadline plus the agent's margin) and Slurm's lateness.",
-        "# Rank 0 and the rendezvous are on the first node of the allocation.",
-        'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        *_placement(job),
         "",
         command([*srun, *node]),
         "code=$?",
@@ -104,6 +103,17 @@ def sbatch_script(job: FleetJob, *, version: str) -> str:
         'exit "$code"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def _placement(job: FleetJob) -> list[str]:
+    """Where the job's processes start: a sweep worker on every node, or rank 0 and the
+    rendezvous on the first node."""
+    if job.sweep is not None:
+        return ["# One sweep worker on every node, a trial per GPU, all taking trials from one study."]
+    return [
+        "# Rank 0 and the rendezvous are on the first node of the allocation.",
+        'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+    ]
 
 
 def _version_check(version: str) -> list[str]:

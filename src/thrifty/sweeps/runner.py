@@ -117,8 +117,11 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     """Run the sweep's workers to the end; returns the sweep's record (sweep.json). Raises
     SweepStopped after a stop signal, once every trial has saved."""
     children = Children()
+    gpus = visible_gpus()
     threads = [
-        threading.Thread(target=_worker, args=(sweep, children), name=f"sweep-worker-{i}")
+        threading.Thread(
+            target=_worker, args=(sweep, children, _device_env(gpus, i)), name=f"sweep-worker-{i}"
+        )
         for i in range(sweep.workers)
     ]
     with _stop_signals(sweep):
@@ -164,13 +167,13 @@ def _stop_signals(sweep: Sweep) -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _worker(sweep: Sweep, children: Children) -> None:
+def _worker(sweep: Sweep, children: Children, device: dict[str, str]) -> None:
     """Take up trials until none may start; a storage that fails (a database gone for a
     while) is retried with a back-off, and ends the sweep with one line if it stays down."""
     failures = 0
     while not sweep.stopping.is_set():
         try:
-            if not _next_trial(sweep, children):
+            if not _next_trial(sweep, children, device):
                 return
             failures = 0
         except Exception as exc:  # the storage: a lost connection, a locked journal
@@ -189,7 +192,7 @@ def _worker(sweep: Sweep, children: Children) -> None:
             sweep.stopping.wait(wait)
 
 
-def _next_trial(sweep: Sweep, children: Children) -> bool:
+def _next_trial(sweep: Sweep, children: Children, device: dict[str, str]) -> bool:
     """Run (or resume) one trial; False when no trial may start any more."""
     with sweep.lock:
         requeue_orphans(sweep.study, SECONDS_KEY)
@@ -211,7 +214,7 @@ def _next_trial(sweep: Sweep, children: Children) -> bool:
         f"trial {trial.number}: {'resumed' if resumed else 'started'} "
         + " ".join(f"{k}={_show(v)}" for k, v in params.items())
     )
-    ended = run_trial(sweep.setup, sweep.study, trial, params, children, sweep.stopping)
+    ended = run_trial(sweep.setup, sweep.study, trial, params, children, sweep.stopping, device)
     sweep.ended.append(ended)
     detail = f" ({ended.detail})" if ended.detail else ""
     sweep.say(f"trial {ended.number}: {ended.state}{detail}")
@@ -248,6 +251,25 @@ def _may_start(sweep: Sweep) -> bool:
         # No trial starts any more: the brackets decide among the trials they have.
         sweep.study.set_user_attr(HYPERBAND_LIMIT_KEY, len(trials))
     return False
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (the variable when
+    set, else every GPU torch sees; none on a machine without CUDA)."""
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        return [d.strip() for d in given.split(",") if d.strip() and d.strip() != "-1"]
+    try:
+        import torch
+    except ImportError:
+        return []
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def _device_env(gpus: list[str], worker: int) -> dict[str, str]:
+    """Worker `worker`'s trials see one GPU of their own (shared round-robin when there are
+    more workers than GPUs); nothing changes on a machine without one."""
+    return {"CUDA_VISIBLE_DEVICES": gpus[worker % len(gpus)]} if gpus else {}
 
 
 def threads_per_trial(workers: int) -> int:

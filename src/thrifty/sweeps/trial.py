@@ -132,8 +132,10 @@ def run_trial(
     params: dict[str, Any],
     children: Children,
     stopping: threading.Event,
+    device: dict[str, str] | None = None,
 ) -> Ended:
-    """Run (or resume) `trial` to its end or to the sweep's stop; tell Optuna how it ended."""
+    """Run (or resume) `trial` to its end or to the sweep's stop; tell Optuna how it ended.
+    `device`: the environment that gives the trial its GPU (CUDA_VISIBLE_DEVICES)."""
     storage, trial_id = setup.storage, trial._trial_id
     out = run_dir(setup.out, trial.number)
     out.mkdir(parents=True, exist_ok=True)
@@ -144,7 +146,7 @@ def run_trial(
     progress = os.open(os.devnull, os.O_WRONLY)
     child = None
     try:
-        env = {**setup.env, JUDGE_ENV: f"{child_read},{child_write}"}
+        env = {**setup.env, **(device or {}), JUDGE_ENV: f"{child_read},{child_write}"}
         child = children.keep(
             Child(
                 command(setup, params, out, progress),
