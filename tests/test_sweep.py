@@ -315,3 +315,20 @@ def test_the_python_api_takes_dicts_and_a_budget_stops_starting_trials_it_cannot
     assert any("no new trial" in line for line in said)
     assert data["compute"]["cost"] == data["trials"][0]["cost"] > 0.000001
     assert data["budget"] == "$0.00"
+
+
+def test_two_processes_share_one_sweeps_journal_on_one_machine(tmp_path: Path) -> None:
+    config, space = write_inputs(tmp_path, steps=20)
+    out = tmp_path / "sweep"
+    command = sweep_command(config, space, out, "--trials", "3", "--pruner", "none")
+    procs = [
+        subprocess.Popen(command, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    states = study_states(out)
+    assert states == {0: "COMPLETE", 1: "COMPLETE", 2: "COMPLETE"}  # none twice, none lost
+    runs = sorted(p.parent.name for p in out.glob("trials/*/summary.json"))
+    assert runs == ["0000", "0001", "0002"]

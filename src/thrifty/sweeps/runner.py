@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -194,21 +195,25 @@ def _worker(sweep: Sweep, children: Children, device: dict[str, str]) -> None:
 
 def _next_trial(sweep: Sweep, children: Children, device: dict[str, str]) -> bool:
     """Run (or resume) one trial; False when no trial may start any more."""
-    with sweep.lock:
+    with sweep.lock, _asking(sweep.setup.out):
         requeue_orphans(sweep.study, SECONDS_KEY)
         for number, what in release_paused(sweep.setup, sweep.study):
             sweep.say(f"trial {number}: its bracket caught up: {what}")
         if not _may_start(sweep):
-            if _paused_behind_running(sweep.study):  # a trial in flight may release them
-                time.sleep(1.0)
-                return True
-            return False
-        # The sampler is seeded by the trial's number: a sweep stopped and continued samples
-        # what it would have sampled without the stop (TPE keeps no other state).
-        count = len(sweep.study.get_trials(deepcopy=False))
-        sweep.study.sampler = optuna.samplers.TPESampler(seed=sweep.seed + count)
-        trial = sweep.study.ask()
-        params = sweep.space.suggest(trial)
+            waiting = _paused_behind_running(sweep.study)  # a trial in flight may release them
+            trial = None
+        else:
+            waiting = False
+            # The sampler is seeded by the trial's number: a sweep stopped and continued
+            # samples what it would have sampled without the stop (TPE keeps no other state).
+            count = len(sweep.study.get_trials(deepcopy=False))
+            sweep.study.sampler = optuna.samplers.TPESampler(seed=sweep.seed + count)
+            trial = sweep.study.ask()
+            params = sweep.space.suggest(trial)
+    if trial is None:
+        if waiting:
+            time.sleep(1.0)
+        return waiting
     resumed = SECONDS_KEY in sweep.setup.storage.get_trial(trial._trial_id).user_attrs
     sweep.say(
         f"trial {trial.number}: {'resumed' if resumed else 'started'} "
@@ -224,6 +229,26 @@ def _next_trial(sweep: Sweep, children: Children, device: dict[str, str]) -> boo
         )
         sweep.stopping.set()
     return True
+
+
+@contextmanager
+def _asking(out: Path) -> Iterator[None]:
+    """One process of this machine at a time counts the trials and asks for one (an advisory
+    lock on --out), so that two sweeps sharing a folder never start more than --trials."""
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks here
+        yield
+        return
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks: counted per process only
+            pass
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _paused_behind_running(study: optuna.Study) -> bool:

@@ -55,13 +55,12 @@ def fingerprint(config: Mapping[str, Any], space: str) -> str:
 def open_storage(out: Path, url: str | None) -> Any:
     """The study's storage: the journal file in `out`, or the database at `url`. A database that
     cannot be reached is one line (the URL without its password)."""
-    import optuna
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     if url is None:
         return JournalStorage(JournalFileBackend(str(out / JOURNAL)))
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=_engine_options(url))
+        return _rdb_storage(url)
     except ImportError as exc:
         raise ThriftyError(
             f"--storage {redact_text(url)}: its driver is not installed ({exc}); for PostgreSQL "
@@ -73,6 +72,24 @@ def open_storage(out: Path, url: str | None) -> Any:
             f"--storage {redact_text(url)}: cannot open the study's database: "
             f"{redact_text(first)}; check that the server is up and the URL is right"
         ) from None
+
+
+def _rdb_storage(url: str) -> Any:
+    """Optuna's RDB storage at `url`. Machines that open a new database at once race to
+    create its tables: the loser's "already exists" is tried again, after the winner's."""
+    import optuna
+
+    for attempt in range(4):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=_engine_options(url))
+        except ImportError:
+            raise
+        except Exception as exc:
+            text = str(exc).lower()
+            if attempt == 3 or not any(w in text for w in ("duplicate", "already exists", "unique")):
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def _engine_options(url: str) -> dict[str, Any]:
