@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.errors import ThriftyError
+from thrifty.reporting.fields import LIST, NUMBER, TABLE, TEXT, WHOLE, fits, kind_of
 from thrifty.reporting.sweep_fields import check_sweep
 
 WHAT_A_RUN_IS = (
@@ -172,13 +173,6 @@ def _damage_note(path: Path, numbers: list[int]) -> str:
 
 
 # The fields the page reads, and the type each must have; null counts as absent.
-NUMBER, WHOLE, TEXT, TABLE, LIST = (
-    "a number",
-    "a positive whole number",
-    "text",
-    "a table",
-    "a list",
-)
 SUMMARY_FIELDS = {
     **dict.fromkeys(("steps", "samples", "tokens", "wall_seconds", "mfu", "world_size"), NUMBER),
     **dict.fromkeys(("tokens_per_second", "samples_per_second"), NUMBER),
@@ -195,23 +189,6 @@ DIAGNOSIS_FIELDS = {
 GUARD_FIELDS = {"skipped_steps": NUMBER, "rollbacks": LIST}
 
 
-def _fits(value: Any, kind: str) -> bool:
-    if kind == TABLE:
-        return isinstance(value, dict)
-    if kind == LIST:
-        return isinstance(value, list)
-    if kind == TEXT:
-        return isinstance(value, str)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    return kind == NUMBER or (isinstance(value, int) and value > 0)
-
-
-def _kind_of(value: Any) -> str:
-    names = {bool: "true/false", str: "text", list: "a list", dict: "a table"}
-    return names.get(type(value), "a number" if isinstance(value, int | float) else "null")
-
-
 def _checked(
     data: dict[str, Any], fields: Mapping[str, str], where: str, notes: list[str]
 ) -> dict[str, Any]:
@@ -222,8 +199,8 @@ def _checked(
         kind = fields.get(key)
         if value is None:
             continue
-        if kind is not None and not _fits(value, kind):
-            notes.append(f"{where}{key} is {_kind_of(value)}, not {kind}: left out of the report")
+        if kind is not None and not fits(value, kind):
+            notes.append(f"{where}{key} is {kind_of(value)}, not {kind}: left out of the report")
             continue
         kept[key] = value
     return kept

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-NUMBER, COUNT, TEXT, TABLE, LIST = "a number", "a whole number", "text", "a table", "a list"
+from thrifty.reporting.fields import COUNT, LIST, NUMBER, TABLE, TEXT, fits, kind_of
 
 SWEEP_FIELDS = {
     "study": TEXT,
@@ -55,25 +55,6 @@ COMPUTE_FIELDS = dict.fromkeys(
     ("seconds", "unpruned_seconds", "saved_seconds", "cost", "unpruned_cost", "saved_cost"),
     NUMBER,
 )
-
-
-def fits(value: Any, kind: str) -> bool:
-    """Whether `value` (not null) is of `kind`."""
-    if kind == TABLE:
-        return isinstance(value, dict)
-    if kind == LIST:
-        return isinstance(value, list)
-    if kind == TEXT:
-        return isinstance(value, str)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    return kind == NUMBER or (isinstance(value, int) and value >= 0)
-
-
-def kind_of(value: Any) -> str:
-    """What `value` is, in the words of the notes."""
-    names = {bool: "true/false", str: "text", list: "a list", dict: "a table"}
-    return names.get(type(value), "a number" if isinstance(value, int | float) else "null")
 
 
 def checked(

@@ -85,8 +85,7 @@ def make_sweep(
             f"--pruner hyperband needs run.max_steps in {where}: its brackets run from "
             "eval.every to the last step"
         )
-    steps = pruning.Steps(every=cfg.eval.every, last=cfg.run.max_steps or cfg.eval.every)
-    the_pruner = pruning.make_pruner(pruner, steps, cfg.guard)
+    the_pruner = pruning.make_pruner(pruner, cfg.eval.every, cfg.guard)
     store = open_storage(folder, storage)
     import optuna
 

@@ -24,7 +24,6 @@ the study alone, so a sweep stopped and run again decides exactly as if it had n
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -38,26 +37,18 @@ MEDIAN_STARTUP_TRIALS = 5
 FORECAST_MARGIN = 0.05
 
 
-@dataclass(frozen=True, slots=True)
-class Steps:
-    """Where a trial's reports fall: every `every` steps up to `last`."""
-
-    every: int
-    last: int
-
-
-def make_pruner(name: str, steps: Steps, guard: Any) -> optuna.pruners.BasePruner:
+def make_pruner(name: str, every: int, guard: Any) -> optuna.pruners.BasePruner:
     """The pruner called `name` (see the module's docstring) for trials evaluated every
-    `steps.every` steps up to `steps.last`; `guard` is the config's [guard] section."""
+    `every` steps; `guard` is the config's [guard] section."""
     if name == "none":
         return optuna.pruners.NopPruner()
     if name == "median":
         return optuna.pruners.MedianPruner(
-            n_startup_trials=MEDIAN_STARTUP_TRIALS, n_warmup_steps=steps.every
+            n_startup_trials=MEDIAN_STARTUP_TRIALS, n_warmup_steps=every
         )
     if name == "asha":
         return optuna.pruners.SuccessiveHalvingPruner(
-            min_resource=steps.every, reduction_factor=REDUCTION
+            min_resource=every, reduction_factor=REDUCTION
         )
     if name == "hyperband":  # decided by thrifty.sweeps.hyperband, not by an Optuna pruner
         return optuna.pruners.NopPruner()
