@@ -34,7 +34,7 @@ def test_a_killed_run_whose_stream_rejects_its_state_says_so_in_one_line(
 ):
     config = job(tmp_path, "streams:picky_stream", workers=workers)
     run = tmp_path / "run"
-    kill_after_checkpoint(train(config, run), run, 4)
+    last = kill_after_checkpoint(train(config, run), run, 4)
     refused = subprocess.run(
         train(config, run),
         capture_output=True,
@@ -44,15 +44,15 @@ def test_a_killed_run_whose_stream_rejects_its_state_says_so_in_one_line(
     )
     assert refused.returncode == 2, refused.stderr
     assert "Traceback" not in refused.stderr
-    last = refused.stderr.strip().splitlines()[-1]
-    assert last == "thrifty: error: " + rejected("train_data (Picky)", error)
+    line = refused.stderr.strip().splitlines()[-1]
+    assert line == "thrifty: error: " + rejected("train_data (Picky)", error)
     # Nothing was lost: the pipeline that wrote the checkpoint resumes from it.
-    assert (run / "checkpoints" / "step-00000004" / "manifest.json").exists()
+    assert (run / "checkpoints" / f"step-{last:08d}" / "manifest.json").exists()
     again = subprocess.run(
         train(config, run), capture_output=True, text=True, env=env(), timeout=120
     )
     assert again.returncode == 0, again.stderr
-    assert "resumed from step 4" in again.stderr
+    assert f"resumed from step {last}" in again.stderr
 
 
 def test_a_stream_restored_without_torchdata_rejects_in_one_line(tmp_path, monkeypatch):

@@ -58,9 +58,10 @@ def train(config: Path, out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "thrifty", "train", str(config), "--out", str(out), *extra]
 
 
-def kill_after_checkpoint(command: list[str], run: Path, step: int, timeout: float = 120) -> None:
+def kill_after_checkpoint(command: list[str], run: Path, step: int, timeout: float = 120) -> int:
     """SIGKILL the job's whole process group (workers too) once checkpoint `step` is
-    published: nothing runs to save anything."""
+    published: nothing runs to save anything. Returns the last step published by then, which
+    on a busy machine may be past `step`."""
     proc = subprocess.Popen(
         command,
         stdout=subprocess.DEVNULL,
@@ -83,6 +84,8 @@ def kill_after_checkpoint(command: list[str], run: Path, step: int, timeout: flo
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == -signal.SIGKILL
+    published = (run / "checkpoints").glob("step-*/manifest.json")
+    return max(int(manifest.parent.name.removeprefix("step-")) for manifest in published)
 
 
 def final_model(run: Path) -> dict[str, torch.Tensor]:
