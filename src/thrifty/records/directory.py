@@ -124,7 +124,7 @@ def damaged_path(path: str | os.PathLike[str]) -> Path:
     return path.with_name(path.name + DAMAGED_SUFFIX)
 
 
-def _record(line: bytes) -> dict[str, Any] | None:
+def _record(line: str | bytes) -> dict[str, Any] | None:
     """The record a line holds; None for damage: cut short, bad bytes, not a JSON object, or
     a step that is not a whole number."""
     try:
@@ -134,6 +134,15 @@ def _record(line: bytes) -> dict[str, Any] | None:
     if not isinstance(record, dict) or type(record.get("step", 0)) is not int:
         return None
     return record
+
+
+def step_records(lines: Iterable[str | bytes]) -> Iterable[dict[str, Any]]:
+    """The step records among metrics.jsonl's `lines`: JSON objects whose step is a whole
+    number. A damaged line (cut short by a kill, or being written now) is passed over."""
+    for line in lines:
+        record = _record(line)
+        if record is not None and "step" in record:
+            yield record
 
 
 def _split(data: bytes) -> tuple[list[tuple[bytes, dict[str, Any]]], list[bytes]]:

@@ -37,6 +37,7 @@ from optuna.trial import TrialState
 from thrifty.children import Child, Children
 from thrifty.config import toml_literal
 from thrifty.console import say
+from thrifty.records.directory import step_records
 from thrifty.records.stop_signals import EXIT_PREEMPTED
 from thrifty.run.judge import ENV as JUDGE_ENV
 from thrifty.run.judge import GO, PAUSE, PRUNE
@@ -305,13 +306,7 @@ def run_facts(run_dir: Path) -> dict[str, Any]:
         lines = (run_dir / "metrics.jsonl").read_text(errors="replace").splitlines()
     except OSError:
         lines = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-            continue
+    for record in step_records(lines):
         steps = max(steps, record["step"])
         if isinstance(record.get("step_seconds"), (int, float)):
             times.append(float(record["step_seconds"]))

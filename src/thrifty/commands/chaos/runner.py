@@ -4,7 +4,6 @@ and resumed, watched through its metrics.jsonl and its checkpoint folders."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -22,6 +21,7 @@ from thrifty.commands.chaos.kills import Kill, plan_kills
 from thrifty.commands.chaos.timing import effective_time
 from thrifty.console import say
 from thrifty.errors import ThriftyError
+from thrifty.records.directory import step_records
 
 REFERENCE_TIMEOUT = 3600.0
 POLL_SECONDS = 0.005  # metrics and checkpoint folders, while waiting for a kill's step
@@ -95,13 +95,7 @@ class Attempt:
             if common == len(lines):
                 return  # nothing of its own yet
             self._start = self._parsed = common
-        for line in lines[self._parsed :]:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-                continue
+        for record in step_records(lines[self._parsed :]):
             if self.records == 0 and record.get("event") == "resumed":
                 self.resumed = record["step"]
             if "loss" in record:
