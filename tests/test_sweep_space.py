@@ -64,3 +64,12 @@ def test_a_bad_space_is_one_line_naming_the_key(table: dict, words: str) -> None
     message = str(caught.value)
     assert words in message and "\n" not in message
     assert message.startswith("--space s.toml")
+
+
+def test_a_factory_argument_the_config_sets_is_searched_and_one_it_does_not_is_refused() -> None:
+    base = {**BASE, "task": {"model": "m:build", "model_args": {"n_embd": 64}}}
+    space = parse_space({"task.model_args.n_embd": {"choices": [64, 96]}}, base)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    assert {space.suggest(study.ask())["task.model_args.n_embd"] for _ in range(20)} == {64, 96}
+    with pytest.raises(ConfigError, match=r"task\.model_args\.width\"\] is not in the config"):
+        parse_space({"task.model_args.width": {"choices": [64, 96]}}, base)

@@ -101,10 +101,8 @@ def chinchilla(flops: float, *, fit: str = DEFAULT_FIT) -> Allocation:
         params = math.sqrt(flops / (6.0 * TOKENS_PER_PARAM))
         source = "rule of thumb: ~20 tokens per parameter (Chinchilla: 70B params, 1.4T tokens)"
     elif fit in FITS:
-        c = FITS[fit]
-        g = (c.alpha * c.A / (c.beta * c.B)) ** (1.0 / (c.alpha + c.beta))
-        params = g * (flops / 6.0) ** (c.beta / (c.alpha + c.beta))
-        source = c.source
+        params = optimal_params(flops, FITS[fit])
+        source = FITS[fit].source
     else:
         raise ConfigError(f"fit must be one of {', '.join(FIT_NAMES)}, got {fit!r}")
     tokens = flops / (6.0 * params)
@@ -122,6 +120,13 @@ def chinchilla(flops: float, *, fit: str = DEFAULT_FIT) -> Allocation:
             "not used: N = 0.2536*C^0.4995, D = 1.7424*C^0.5005 (not in the paper; N*D*6 != C)",
         ],
     )
+
+
+def optimal_params(flops: float, c: LossFit) -> float:
+    """N* (parameters) minimising `c`'s loss under C = 6*N*D for `flops` FLOPs: the closed form
+    of the module docstring. Needs alpha > 0 and beta > 0 (a loss that falls with both)."""
+    g = (c.alpha * c.A / (c.beta * c.B)) ** (1.0 / (c.alpha + c.beta))
+    return float(g * (flops / 6.0) ** (c.beta / (c.alpha + c.beta)))
 
 
 def flops_from_gpu_hours(gpu_hours: float, gpu: GPU, *, dtype: str = "bf16", mfu: float) -> float:

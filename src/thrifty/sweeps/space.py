@@ -13,6 +13,9 @@ step = 4                    # optional: a grid of steps from low
 
 ["batch.effective"]         # a choice among values
 choices = [32, 64, 128]
+
+["task.model_args.n_embd"]  # an argument of a factory: one the config's table already sets
+choices = [64, 96, 128]
 ```
 
 Every key must be one `thrifty train` takes (`--set` checks it the same way), and every value
@@ -129,7 +132,7 @@ def parse_space(data: Mapping[str, Any], base: Mapping[str, Any], where: str = "
 
 def _param(key: str, table: Mapping[str, Any], where: str) -> Param:
     name = f'{where}: ["{key}"]'
-    if key.count(".") != 1 or not all(key.split(".")):
+    if "." not in key or not all(key.split(".")):
         raise ConfigError(f"{name} is not a config key: use section.key, e.g. optimizer.lr")
     if "choices" in table:
         extra = sorted(set(table) - {"choices"})
@@ -189,6 +192,16 @@ def _check_values(param: Param, base: Mapping[str, Any], where: str) -> None:
     """Every value the space can give is one the config accepts: the ends of a range, each
     choice. A config error names the value and the key."""
     values: Sequence[Any] = param.choices if param.choices is not None else (param.low, param.high)
+    *tables, last = param.key.split(".")
+    if len(tables) > 1:  # a factory's argument (task.model_args.n_embd): one the config sets
+        table: Any = base
+        for part in tables:
+            table = table.get(part) if isinstance(table, Mapping) else None
+        if not isinstance(table, Mapping) or last not in table:
+            raise ConfigError(
+                f'{where}: ["{param.key}"] is not in the config: set {param.key} there first '
+                "(a factory's arguments are not checked before its trial runs)"
+            )
     for value in values:
         try:
             TrainConfig.from_dict(apply_overrides(base, [(param.key, value)]))

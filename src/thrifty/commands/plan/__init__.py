@@ -3,12 +3,15 @@
 It prints one section for each question its options can answer: the job estimate (model + data
 + hardware), memory, scaling (more than one GPU), spot economics (an interruption rate), the
 compute-optimal allocation (a budget), the cost levers (--levers), or the case study.
+`thrifty plan fit PATH...` (fit.py) fits a scaling law to your own runs; `--fit FILE` uses it;
+`thrifty plan isoflop` (isoflop.py) lays out and runs the IsoFLOP grid to fit it on.
 Registering only builds the parser; the handler imports the planner when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +19,7 @@ from thrifty.commands.prices import add_catalog_options
 from thrifty.errors import ConfigError
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+FIT_NAMES = ("epoch", "hoffmann", "tokens-per-param")  # thrifty.plan.chinchilla.FIT_NAMES
 
 
 def _typed(kind: str, parse: Callable[[str], Any], positive: bool = True) -> Callable[[str], Any]:
@@ -63,10 +67,21 @@ def _bandwidth(text: str) -> float:
     return parse_bandwidth(text, "")
 
 
+def _fit(text: str) -> str:
+    """A named fit, or a path to a saved fit or a folder of runs (read when the plan runs)."""
+    if text in FIT_NAMES or os.path.exists(text):
+        return text
+    raise ConfigError(
+        f"must be {', '.join(FIT_NAMES)}, a saved fit (FILE.json from 'thrifty plan fit --out') "
+        f"or a folder of runs; no such file or folder: {text!r}"
+    )
+
+
 COUNT = _typed("a number", _count)
 INT = _typed("a whole number", _int)
 FLOAT = _typed("a number", _count)
 FRACTION = _typed("a fraction", _fraction)
+FIT = _typed("a fit", _fit, positive=False)
 ANY_FLOAT = _typed("a number", _count, positive=False)
 BANDWIDTH = _typed("a bandwidth", _bandwidth)
 
@@ -128,6 +143,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_catalog_options(plan)
     plan.set_defaults(handler=_run_plan)
+    from thrifty.commands.plan.fit import register_fit  # needs this module's types, defined above
+    from thrifty.commands.plan.isoflop import register_isoflop
+
+    commands = plan.add_subparsers(
+        dest="plan_command", metavar="fit|isoflop", title="subcommand (optional)", required=False
+    )
+    register_fit(commands)
+    register_isoflop(commands)
 
 
 def _plan_memory_options(plan: argparse.ArgumentParser) -> None:
@@ -230,10 +253,13 @@ def _plan_budget_options(plan: argparse.ArgumentParser) -> None:
     )
     budget.add_argument(
         "--fit",
-        choices=("epoch", "hoffmann", "tokens-per-param"),
+        type=FIT,
         default="epoch",
+        metavar="FIT",
         help="loss fit: epoch (default, Epoch AI 2024), hoffmann (paper's rounded "
-        "coefficients), tokens-per-param (~20 tokens per parameter)",
+        "coefficients), tokens-per-param (~20 tokens per parameter), a FILE saved by 'thrifty "
+        "plan fit --out FILE', or a folder: its scaling-fit.json if it holds one, else the runs "
+        "in it, fitted now (200 bootstrap resamples, seed 0)",
     )
     budget.add_argument(
         "--pricing",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thrifty.errors import ConfigError
 from thrifty.plan.catalog import Catalog, load_catalog
@@ -22,6 +22,11 @@ from thrifty.plan.estimate import (
     tokens_from_steps,
 )
 from thrifty.plan.spot import SpotPlan
+
+if TYPE_CHECKING:
+    from thrifty.plan.chinchilla import Allocation
+    from thrifty.plan.lawfit import ScalingFit
+    from thrifty.plan.lawpredict import Prediction
 
 Model = float | ModelShape
 SHAPE_FLAGS = ("layers", "hidden", "heads", "vocab", "seq")
@@ -327,10 +332,36 @@ def _chinchilla_section(args: argparse.Namespace, catalog: Catalog, sections: Se
         pricing=args.pricing,
         catalog=catalog,
     )
+    if args.fit not in FIT_NAMES:  # a saved fit, or a folder of runs
+        _own_fit_section(args, flops, notes, sections)
+        return
     chosen = chinchilla(flops, fit=args.fit)
     chosen.assumptions.extend(notes)
     others = [chinchilla(flops, fit=f) for f in FIT_NAMES if f != args.fit]
     sections.add("chinchilla", (chosen, others))
+
+
+@dataclass
+class OwnFit:
+    """A law fitted to the user's runs, at the budget: what its section prints."""
+
+    label: str
+    fit: ScalingFit
+    prediction: Prediction
+    others: list[Allocation]  # the named fits'
+    notes: list[str]
+
+
+def _own_fit_section(
+    args: argparse.Namespace, flops: float, notes: list[str], sections: Sections
+) -> None:
+    from thrifty.commands.plan.fit import own_fit
+    from thrifty.plan.chinchilla import FIT_NAMES, chinchilla
+    from thrifty.plan.lawpredict import predict
+
+    fit, label = own_fit(args.fit)
+    others = [chinchilla(flops, fit=f) for f in FIT_NAMES]
+    sections.add("own-fit", OwnFit(f"{label} (chosen)", fit, predict(fit, flops), others, notes))
 
 
 def _case_study(args: argparse.Namespace, catalog: Catalog) -> int:
@@ -360,6 +391,8 @@ def _print(args: argparse.Namespace, sections: Sections) -> None:
             if key == "chinchilla":
                 chosen, others = result
                 data[key] = {**chosen.as_dict(), "other_fits": [o.as_dict() for o in others]}
+            elif key == "own-fit":
+                data["chinchilla"] = _own_fit_dict(result)
             else:
                 data[key] = result.as_dict()
         print(to_json(data))
@@ -378,5 +411,19 @@ def _print(args: argparse.Namespace, sections: Sections) -> None:
             out.print(report.chinchilla_table(chosen, others, chosen.assumptions))
             report.print_assumptions(out, chosen.assumptions)
             continue
+        if key == "own-fit":
+            from thrifty.commands.plan.fit import allocation_table, print_prediction_notes
+
+            out.print(allocation_table(result.label, result.prediction, result.others))
+            print_prediction_notes(out, result.fit, result.prediction, result.notes)
+            continue
         out.print(render[key](result))
         report.print_assumptions(out, result.assumptions)
+
+
+def _own_fit_dict(section: OwnFit) -> dict[str, Any]:
+    from thrifty.commands.plan.fit import allocation_dict
+
+    return allocation_dict(
+        section.label, section.fit, section.prediction, section.others, section.notes
+    )
