@@ -16,9 +16,9 @@ import pytest
 
 from thrifty.errors import ConfigError
 from thrifty.plan.chinchilla import FITS, chinchilla
-from thrifty.plan.lawgroups import IsoFlop, IsoFlopGroup, isoflop_fit
 from thrifty.plan.lawfile import load_fit, save_fit
 from thrifty.plan.lawfit import ScalingFit, fit_scaling_law
+from thrifty.plan.lawgroups import IsoFlop, IsoFlopGroup, isoflop_fit
 from thrifty.plan.lawpoints import Point, read_points
 from thrifty.plan.lawpredict import predict
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from thrifty.errors import ConfigError
 from thrifty.plan.chinchilla import LossFit
-from thrifty.plan.lawgroups import IsoFlop, IsoFlopGroup
 from thrifty.plan.lawfit import Ranges, ScalingFit, fit_as_dict
+from thrifty.plan.lawgroups import IsoFlop, IsoFlopGroup
 from thrifty.plan.lawpoints import CONSTANTS
 from thrifty.records.directory import write_json
 
