@@ -23,6 +23,7 @@ from test_tune import CONFIG
 
 TESTS = Path(__file__).resolve().parent
 PATIENCE = 180.0  # seconds to wait for a trial to reach training on a busy machine
+TUNE_BUDGET = 600.0  # the tune's --budget 10m
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="finds the trial's process in /proc"
@@ -113,15 +114,16 @@ class Tune:
             time.sleep(0.2)
         raise AssertionError(f"trial {name} did not reach its slow forward in {PATIENCE:.0f} s")
 
-    def finish(self) -> tuple[int, str, str]:
-        out, err = self.proc.communicate(timeout=PATIENCE)
+    def finish(self, timeout: float = PATIENCE) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
         return self.proc.returncode, out, err
 
     def again(self) -> tuple[int, str, str]:
-        """The same command again (the slow trial no longer slow), to its end."""
+        """The same command again (the slow trial no longer slow), to its end: its trials and
+        the paired comparisons' runs, a dozen processes, within the tune's own --budget."""
         self.env.pop("TUNE_TEST_SLOW", None)
         self.proc = self.start()
-        return self.finish()
+        return self.finish(timeout=TUNE_BUDGET + PATIENCE)
 
     def trials_built(self) -> int:
         return len(self.marks.read_text().splitlines())
