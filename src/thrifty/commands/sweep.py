@@ -48,15 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="which trials stop early (default forecast: the learning-curve forecast cannot "
         "beat the best finished trial)",
     )
-    parser.add_argument(
-        "--workers", type=int, default=1, metavar="K", help="trials at once on this machine"
-    )
-    parser.add_argument(
-        "--storage",
-        metavar="URL",
-        help="a database several machines share the study through (postgresql://...); "
-        "default: a journal file in --out",
-    )
+    add_worker_options(parser, "trials")
     parser.add_argument(
         "--study", metavar="NAME", help="the study's name in --storage (default: --out's name)"
     )
@@ -68,6 +60,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_set_option(parser)
     parser.set_defaults(handler=run_sweep_command)
+
+
+def add_worker_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """--workers (`what` at once on this machine) and --storage (the study several machines
+    share), as every command that runs a sweep takes them."""
+    parser.add_argument(
+        "--workers", type=int, default=1, metavar="K", help=f"{what} at once on this machine"
+    )
+    parser.add_argument(
+        "--storage",
+        metavar="URL",
+        help="a database several machines share the study through (postgresql://...); "
+        "default: a journal file in --out",
+    )
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:

@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from thrifty.config import TrainConfig, apply_overrides, parse_set_args, read_config_file
-from thrifty.errors import ConfigError, ThriftyError
+from thrifty.config import TrainConfig, apply_overrides
+from thrifty.errors import ConfigError
+from thrifty.sweeps.space import read_config
 
 STEPS_KEY = "run.max_steps"
 MIN_STEPS = 10  # fewer, and warm-up and noise are most of what a run measures
@@ -81,7 +82,7 @@ def layout(
     ConfigError (one line) for a knob the config does not set, or a run under MIN_STEPS."""
     if not budgets or any(not (math.isfinite(c) and c > 0) for c in budgets):
         raise ConfigError("--flops needs FLOP budgets above 0, e.g. --flops 1e13,3e13,1e14")
-    given = _given(config, overrides)
+    given = read_config(config, overrides)
     built = {size: _measure(given, key, size) for size in sizes}
     runs = []
     for flops in sorted(set(budgets)):
@@ -139,17 +140,6 @@ def run_grid(
     for run in runs:  # a grid's points, not a sampler's: queued once, whatever the restarts
         plan.study.enqueue_trial({key: run.size, STEPS_KEY: run.steps}, skip_if_exists=True)
     return run_sweep(plan)
-
-
-def _given(config: str | Path | Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    if isinstance(config, Mapping):
-        data = {k: dict(v) if isinstance(v, Mapping) else v for k, v in config.items()}
-    else:
-        try:
-            data = read_config_file(config)
-        except OSError as exc:
-            raise ThriftyError(f"cannot read {config}: {exc.strerror or exc}") from None
-    return apply_overrides(data, parse_set_args(list(overrides)))
 
 
 def _measure(given: Mapping[str, Any], key: str, size: int | float) -> tuple[int, int]:

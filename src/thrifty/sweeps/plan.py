@@ -14,10 +14,7 @@ from typing import Any
 
 from thrifty.config import (
     TrainConfig,
-    apply_overrides,
     dump_toml,
-    parse_set_args,
-    read_config_file,
 )
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.own_files import is_own_report
@@ -25,7 +22,7 @@ from thrifty.redact import redact_value
 from thrifty.sweeps import hyperband, pruning
 from thrifty.sweeps.results import BEST_TOML, CONFIG_KEY, SWEEP_JSON
 from thrifty.sweeps.runner import Budget, Sweep, trial_env
-from thrifty.sweeps.space import parse_space, read_space
+from thrifty.sweeps.space import parse_space, read_config, read_space
 from thrifty.sweeps.study import JOURNAL, fingerprint, load_or_create, open_storage
 from thrifty.sweeps.trial import TrialSetup
 
@@ -58,7 +55,7 @@ def make_sweep(
         raise ThriftyError(f"--workers {workers} is invalid: at least 1")
     if pruner not in pruning.PRUNERS:
         raise ThriftyError(f"--pruner {pruner!r} is unknown: use one of {', '.join(pruning.PRUNERS)}")
-    given = _read_config(config, overrides)
+    given = read_config(config, overrides)
     where = "the config" if isinstance(config, Mapping) else str(config)
     cfg = TrainConfig.from_dict(given)
     if cfg.run.out is not None:
@@ -117,17 +114,6 @@ def make_sweep(
         trials=trials,
     )
     return Sweep(the_study, setup, the_space, trials, the_budget, workers, say, base_seed)
-
-
-def _read_config(config: str | Path | Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    if isinstance(config, Mapping):
-        data = {k: dict(v) if isinstance(v, Mapping) else v for k, v in config.items()}
-    else:
-        try:
-            data = read_config_file(config)
-        except OSError as exc:
-            raise ThriftyError(f"cannot read {config}: {exc.strerror or exc}") from None
-    return apply_overrides(data, parse_set_args(overrides))
 
 
 def _config_text(config: str | Path | Mapping[str, Any]) -> bytes:

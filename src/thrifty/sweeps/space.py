@@ -32,7 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from thrifty.config import TrainConfig, apply_overrides, toml_loads
+from thrifty.config import (
+    TrainConfig,
+    apply_overrides,
+    parse_set_args,
+    read_config_file,
+    toml_loads,
+)
 from thrifty.errors import ConfigError, ThriftyError
 
 if TYPE_CHECKING:
@@ -96,6 +102,18 @@ class Space:
     def canonical(self) -> str:
         """The space as one stable string: what a sweep's identity is computed from."""
         return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def read_config(config: str | Path | Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """The config every trial starts from: the file (or dict) with the sweep's --set applied."""
+    if isinstance(config, Mapping):
+        data = {k: dict(v) if isinstance(v, Mapping) else v for k, v in config.items()}
+    else:
+        try:
+            data = read_config_file(config)
+        except OSError as exc:
+            raise ThriftyError(f"cannot read {config}: {exc.strerror or exc}") from None
+    return apply_overrides(data, parse_set_args(overrides))
 
 
 def read_space(path: str | Path, base: Mapping[str, Any]) -> Space:

@@ -148,25 +148,13 @@ def _run_fit(args: argparse.Namespace) -> int:
 
 def _budget(args: argparse.Namespace) -> tuple[float | None, list[str]]:
     """The budget in FLOPs (None: no budget given) and how it was converted, as `plan` does."""
+    from thrifty.commands.plan.sections import budget_from_args
     from thrifty.plan.catalog import load_catalog
-    from thrifty.plan.chinchilla import budget_flops
-    from thrifty.plan.estimate import DEFAULT_MFU
 
     given = (args.budget_flops, args.budget_gpu_hours, args.budget_dollars)
     if all(v is None for v in given):
         return None, []
-    catalog = None if args.budget_flops is not None else load_catalog(args.catalog)
-    return budget_flops(
-        flops=args.budget_flops,
-        gpu_hours=args.budget_gpu_hours,
-        dollars=args.budget_dollars,
-        instance=args.instance,
-        gpu=args.gpu,
-        dtype=args.dtype,
-        mfu=args.mfu if args.mfu is not None else DEFAULT_MFU,
-        pricing=args.pricing,
-        catalog=catalog,
-    )
+    return budget_from_args(args, None if args.budget_flops is not None else load_catalog(args.catalog))
 
 
 def own_fit(text: str) -> tuple[ScalingFit, str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 
+from thrifty.commands.sweep import add_worker_options
 from thrifty.console import add_output_options, add_set_option
 
 
@@ -39,15 +40,7 @@ def register_isoflop(commands: argparse._SubParsersAction) -> None:
         metavar="C1,C2,...",
         help="the FLOP budgets, e.g. 1e13,3e13,1e14 (each size runs at each)",
     )
-    parser.add_argument(
-        "--workers", type=int, default=1, metavar="K", help="runs at once on this machine"
-    )
-    parser.add_argument(
-        "--storage",
-        metavar="URL",
-        help="a database several machines share the grid through (postgresql://...); default: "
-        "a journal file in --out",
-    )
+    add_worker_options(parser, "runs")
     parser.add_argument(
         "--dry-run", action="store_true", help="print the grid's runs and run nothing"
     )

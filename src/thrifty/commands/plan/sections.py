@@ -317,11 +317,13 @@ def _levers_section(
         plot_waterfall(plan, args.plot, title=f"Cost levers on {hardware.instance.name}")
 
 
-def _chinchilla_section(args: argparse.Namespace, catalog: Catalog, sections: Sections) -> None:
-    from thrifty.plan.chinchilla import FIT_NAMES, budget_flops, chinchilla
+def budget_from_args(args: argparse.Namespace, catalog: Catalog | None) -> tuple[float, list[str]]:
+    """The budget options (--budget-flops, --budget-gpu-hours or --budget-dollars, priced on
+    --instance or --gpu at --mfu) in FLOPs, with how they were converted."""
+    from thrifty.plan.chinchilla import budget_flops
     from thrifty.plan.estimate import DEFAULT_MFU
 
-    flops, notes = budget_flops(
+    return budget_flops(
         flops=args.budget_flops,
         gpu_hours=args.budget_gpu_hours,
         dollars=args.budget_dollars,
@@ -332,6 +334,12 @@ def _chinchilla_section(args: argparse.Namespace, catalog: Catalog, sections: Se
         pricing=args.pricing,
         catalog=catalog,
     )
+
+
+def _chinchilla_section(args: argparse.Namespace, catalog: Catalog, sections: Sections) -> None:
+    from thrifty.plan.chinchilla import FIT_NAMES, chinchilla
+
+    flops, notes = budget_from_args(args, catalog)
     if args.fit not in FIT_NAMES:  # a saved fit, or a folder of runs
         _own_fit_section(args, flops, notes, sections)
         return
