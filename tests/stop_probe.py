@@ -36,6 +36,13 @@ def first_time(marks: str, where: str) -> bool:
     return True
 
 
+def wait_until(ready, timeout: float = 120.0) -> None:
+    """Wait for `ready()`, up to `timeout` seconds (then go on: the test says what it missed)."""
+    deadline = time.monotonic() + timeout
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def hold(marks: str, where: str, until_stop: bool = True) -> None:
     """The first time: mark `where` and wait there, until thrifty heard a stop signal
     (`until_stop`) or for good (until a signal's exception ends the wait)."""
@@ -55,10 +62,11 @@ class Probe(nn.Module):
     save after it sent itself `send`), and sends `send` to its own process on its
     `send_at`-th training forward (the first run only)."""
 
-    def __init__(self, marks: str, hold: str, send: str, send_at: int) -> None:
+    def __init__(self, marks: str, hold: str, send: str, send_at: int, published: int) -> None:
         super().__init__()
         self.inner = tiny_gpt(n_layer=1)
         self.marks, self.hold, self.send, self.send_at = marks, hold, send, send_at
+        self.published = published
         self.calls = 0
         self.sent = False
 
@@ -67,6 +75,9 @@ class Probe(nn.Module):
             self.calls += 1
             if self.calls == self.send_at and first_time(self.marks, "sent"):
                 self.sent = True
+                if self.published:  # its checkpoint is on disk first, however busy the machine
+                    manifest = f"checkpoints/step-{self.published:08d}/manifest.json"
+                    wait_until((Path(self.marks).parent / "run" / manifest).exists)
                 os.kill(os.getpid(), signal.Signals[self.send])
         return self.inner(**batch)
 
@@ -81,13 +92,15 @@ class Probe(nn.Module):
         return super().state_dict(*args, **kwargs)
 
 
-def probe_model(marks: str, hold_at: str = "", send: str = "SIGTERM", send_at: int = 0) -> Probe:
+def probe_model(
+    marks: str, hold_at: str = "", send: str = "SIGTERM", send_at: int = 0, published: int = 0
+) -> Probe:
     """`[task] model`: holds while it is built when `hold_at` is "model" (a rank of its own
     under --nprocs: "model-0", "model-1", ...)."""
     if hold_at == "model":
         hold(marks, f"model-{os.environ.get('RANK', '0')}")
     torch.manual_seed(0)
-    return Probe(marks, hold_at, send, send_at)
+    return Probe(marks, hold_at, send, send_at, published)
 
 
 class HeldData(TokenDataset):
@@ -150,7 +163,7 @@ report = false
 [task]
 model = "stop_probe:probe_model"
 train_data = "stop_probe:probe_data"
-{validation}model_args = {{ marks = "{marks}", hold_at = "{hold}", send = "{send}", send_at = {send_at} }}
+{validation}model_args = {{ marks = "{marks}", hold_at = "{hold}", send = "{send}", send_at = {send_at}, published = {published} }}
 data_args = {{ marks = "{marks}", hold_at = "{hold}" }}
 """
 
@@ -164,8 +177,10 @@ def job(
     every: int | str = "off",
     send: str = "SIGTERM",
     send_at: int = 0,
+    published: int = 0,
 ) -> tuple[list[str], Path]:
-    """The `thrifty train` command of a probe job, and its marks folder."""
+    """The `thrifty train` command of a probe job, and its marks folder. With `published`,
+    the probe sends its signal only once that step's checkpoint is on disk."""
     marks = tmp_path / "marks"
     marks.mkdir(exist_ok=True)
     config = tmp_path / "job.toml"
@@ -178,6 +193,7 @@ def job(
             hold=hold,
             send=send,
             send_at=send_at,
+            published=published,
             validation='val_data = "stop_probe:probe_validation"\n' if hold == "eval" else "",
         )
     )

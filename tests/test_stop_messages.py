@@ -9,6 +9,7 @@ import signal
 import subprocess
 
 import pytest
+import torch
 
 from stop_probe import finish, job, lines_about, run, start, wait_for
 from thrifty.config import SpotConfig
@@ -22,7 +23,9 @@ def test_ctrl_c_during_the_emergency_save_says_what_a_stop_loses_and_a_third_sto
 ):
     # Checkpoints every 3 steps; the first Ctrl-C (the model's own) comes in step 5, whose
     # emergency checkpoint then takes long to gather (the model holds in state_dict).
-    command, marks = job(tmp_path, hold="save", send="SIGINT", send_at=5, every=3, steps=8)
+    command, marks = job(
+        tmp_path, hold="save", send="SIGINT", send_at=5, every=3, steps=8, published=3
+    )
     err = tmp_path / "stderr.txt"
     proc = start(command, err)
     try:
@@ -70,6 +73,32 @@ def test_a_second_ctrl_c_is_a_warning_and_only_a_third_raises_keyboard_interrupt
         "thrifty: the emergency checkpoint of step 12 is being written; stopping now loses the "
         "2 steps since the last checkpoint (step 10): press Ctrl-C again to stop at once\n"
     )
+
+
+def test_a_checkpoint_still_being_written_is_not_counted_as_saved(tmp_path, monkeypatch):
+    # Step 3's save was handed to the background writer, which has not finished: a stop at once
+    # now would leave no step 3 on disk, so the count runs from the checkpoint that is.
+    import threading
+
+    from thrifty.checkpoint import manager as manager_module
+    from thrifty.checkpoint.manager import CheckpointManager
+
+    release, write = threading.Event(), manager_module.write_checkpoint
+
+    def slow_write(*args, **kwargs):
+        release.wait(30)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(manager_module, "write_checkpoint", slow_write)
+    watcher = PreemptionWatcher("none")
+    with CheckpointManager(str(tmp_path)) as store:
+        watcher.written = lambda: store.newest_written
+        watcher.step = 5
+        store.save(3, {"w": torch.zeros(2)})
+        assert watcher._lost() == "the 5 steps since the start (there is no checkpoint yet)"
+        release.set()
+        store.wait()
+        assert watcher._lost() == "the 2 steps since the last checkpoint (step 3)"
 
 
 def test_a_second_ctrl_c_with_every_step_saved_stops_at_once():

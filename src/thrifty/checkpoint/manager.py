@@ -239,6 +239,12 @@ class CheckpointManager:
         """
         return [] if self._uploader is None else self._uploader.pending
 
+    @property
+    def newest_written(self) -> int | None:
+        """The step of the newest checkpoint this manager has published on local disk (a save
+        still being written in the background is not); None before any."""
+        return self._newest_written
+
     def upload_status(self) -> dict[str, Any]:
         """Where the newest checkpoint this manager knows of is. No I/O.
 

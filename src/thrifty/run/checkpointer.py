@@ -209,6 +209,8 @@ class RunCheckpointer:
         watcher, step = self._watch, self.progress.step
         self.interval.saved(step)
         watcher.step = watcher.saved_step = step  # a resumed step is saved
+        if self.manager is not None:
+            watcher.written = lambda: self._store.newest_written
         watcher.start()
 
     def due(self, step: int) -> bool:
@@ -280,8 +282,11 @@ class RunCheckpointer:
             )
 
     def _saved(self, step: int) -> None:
+        """Save `step` was handed over. The watcher's count of what a stop at once loses starts
+        from it only once it is on disk: where the manager writes in the background, it asks."""
         self.interval.saved(step)
-        self._watch.saved_step = step
+        if self.manager is None:
+            self._watch.saved_step = step
 
     def _emergency_save(
         self, step: int, state: dict[str, Any], metric: float | None, files: Any, reason: str

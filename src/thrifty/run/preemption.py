@@ -294,6 +294,9 @@ class PreemptionWatcher:
         self.step = 0
         self.saved_step = 0
         self.saving: int | None = None
+        # The newest checkpoint on disk, where a background writer knows it better than
+        # saved_step (a save handed over is not yet written): None, or a call that asks it.
+        self.written: Callable[[], int | None] | None = None
         self.forced = False  # stopped by Ctrl-C before the emergency checkpoint was written
         self._presses = 0  # Ctrl-C pressed while a request was pending
 
@@ -379,12 +382,13 @@ class PreemptionWatcher:
     def _lost(self) -> str | None:
         """The steps a stop at once loses, in words ("the 7 steps since the last checkpoint
         (step 5)"); None when every step is saved."""
-        n = self.step - self.saved_step
+        saved = max(self.saved_step, (self.written() or 0) if self.written else 0)
+        n = self.step - saved
         if n <= 0 and self.saving is None:
             return None
         since = (
-            f"since the last checkpoint (step {self.saved_step})"
-            if self.saved_step
+            f"since the last checkpoint (step {saved})"
+            if saved
             else "since the start (there is no checkpoint yet)"
         )
         return f"the {n} step{'' if n == 1 else 's'} {since}"
