@@ -203,6 +203,37 @@ def test_a_worker_lost_without_a_stop_ends_the_windows_naming_the_loss():
     assert batches.error is not None and "DataLoader worker" in batches.error
 
 
+def test_a_worker_lost_mid_read_is_named_a_lost_worker_not_an_error_of_the_data():
+    """Where the worker dies while its batch is being read, the main process meets a reset
+    connection on the worker's queue, not the loader's "DataLoader worker ... killed" message:
+    which one comes first is timing. Both must name the lost worker."""
+    from thrifty.config import TrainConfig
+    from thrifty.data.batching import TrainBatches
+    from thrifty.records.state import TrainState
+
+    config = TrainConfig.from_dict(
+        {
+            "run": {"max_epochs": 1, "device": "cpu"},
+            "batch": {"micro": 4, "effective": 4},
+            "data": {"num_workers": 2, "shuffle": False, "persistent_workers": False},
+        }
+    )
+    batches = TrainBatches(
+        list(range(32)), config, torch.device("cpu"), None, micro=4, accumulation=1, rank=0,
+        world_size=1,
+    )
+
+    def reset(epoch, start):
+        raise ConnectionResetError(104, "Connection reset by peer")
+        yield  # a generator, as the source's begin is
+
+    batches.source.begin = reset
+    assert list(batches.windows(TrainState())) == []
+    batches.close()
+    assert "DataLoader worker was lost" in batches.error
+    assert "ConnectionResetError" in batches.error and "data.num_workers" in batches.error
+
+
 def test_a_signal_workers_cannot_ignore_is_refused_with_the_fix():
     with pytest.raises(ConfigError, match=r"stop signal SIGKILL \(9\) cannot be ignored by data-"):
         loader(TokenDataset(), stop_signals=(signal.SIGTERM, signal.SIGKILL))

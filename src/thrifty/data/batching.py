@@ -203,10 +203,23 @@ class TrainBatches:
         except StopIteration:
             return None
         except Exception as exc:
-            text = str(exc).strip().splitlines()
-            self.error = f"{type(exc).__name__}: {text[0] if text else 'no message'}"
+            self.error = self._describe(exc)
             log.error("the training data raised %s", self.error)
             return None
+
+    def _describe(self, exc: Exception) -> str:
+        """The error in one line. A worker that dies while the main process reads its batch
+        (the kernel's out-of-memory killer, a SIGKILL) surfaces as a reset connection or an
+        end of file on its queue, not as the loader's own message: that is named a loss."""
+        text = str(exc).strip().splitlines()
+        error = f"{type(exc).__name__}: {text[0] if text else 'no message'}"
+        if self.source.loader.num_workers > 0 and isinstance(exc, (ConnectionError, EOFError)):
+            return (
+                f"a DataLoader worker was lost while its batch was read ({error}): a worker "
+                "process died, often killed for memory; give data.num_workers fewer workers or "
+                "the machine more memory"
+            )
+        return error
 
     def _ended(self, ended: bool, dist: Distributed | None) -> bool:
         if dist is None or not dist.enabled:
