@@ -29,6 +29,7 @@ from thrifty.levers.accumulation import LossFn, call_model, uses_tokens, window_
 from thrifty.levers.activation_checkpointing import apply_activation_checkpointing
 from thrifty.levers.compile import compile_model
 from thrifty.levers.early_stopping import EarlyStopping
+from thrifty.levers.fp8 import apply_fp8
 from thrifty.levers.micro_batch import Halving, MicroSearch, measure_micro, scaled_count
 from thrifty.levers.optimizer import OptimizerArg, make_optimizer
 from thrifty.levers.precision import LossScaler, Precision, resolve_precision
@@ -153,6 +154,8 @@ class Trainer:
             collate_fn,
             self.micro,
         )
+        if self.precision.name == "fp8":  # after the FLOP count, before anything wraps it
+            apply_fp8(self.model)
         try:
             policy = cfg.activation_checkpointing.policy
             self.checkpointed_blocks = apply_activation_checkpointing(self.model, policy)

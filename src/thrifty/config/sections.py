@@ -62,10 +62,12 @@ class RunConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PrecisionConfig:
-    """Mixed precision. `auto` picks bf16 where the hardware runs it natively."""
+    """Mixed precision. `auto` picks bf16 where the hardware runs it natively; `fp8` is bf16
+    with torchao's float8 linears (CUDA compute capability 8.9 and newer), never chosen by
+    `auto`: `thrifty tune` keeps it only where it is faster and its loss stays with bf16's."""
 
     SECTION: ClassVar[str] = "precision"
-    mode: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    mode: Literal["auto", "bf16", "fp16", "fp32", "fp8"] = "auto"
     # fp32 matmuls may use TF32 tensor cores on CUDA (torch.backends.cuda.matmul.allow_tf32)
     allow_tf32: bool = True
 
@@ -211,7 +213,11 @@ class CompileConfig:
     """torch.compile. Compile warm-up is excluded from throughput figures."""
 
     SECTION: ClassVar[str] = "compile"
-    mode: Literal["off", "default", "reduce-overhead", "max-autotune"] = "off"
+    # reduce-overhead: CUDA graphs; max-autotune: Triton autotuning and CUDA graphs;
+    # max-autotune-no-cudagraphs: autotuning alone (a step CUDA graphs cannot capture)
+    mode: Literal[
+        "off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+    ] = "off"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -14,16 +14,23 @@ from typing import Any
 
 import torch
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+# fp8: the linears the float8 lever converts run in float8; everything else in bf16.
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None, "fp8": torch.bfloat16}
 
 
 @dataclass(frozen=True)
 class Precision:
     """The resolved precision: what autocast runs and why it was chosen."""
 
-    name: str  # bf16 | fp16 | fp32
+    name: str  # bf16 | fp16 | fp32 | fp8
     device_type: str  # cuda | cpu | mps
     reason: str
+
+    @property
+    def peak_dtype(self) -> str:
+        """The dtype whose peak MFU is measured against: bf16 for fp8, whose attention, head
+        and norms still run in bf16 (so its MFU compares with a bf16 run's)."""
+        return "bf16" if self.name == "fp8" else self.name
 
     @property
     def dtype(self) -> torch.dtype | None:
@@ -110,8 +117,17 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def resolve_precision(mode: str, device: torch.device) -> Precision:
-    """Turn `auto | bf16 | fp16 | fp32` into a concrete Precision for `device`, with the reason."""
+    """Turn `auto | bf16 | fp16 | fp32 | fp8` into a concrete Precision for `device`, with the
+    reason. fp8 where it cannot run is a ConfigError that says why."""
     kind = device.type
+    if mode == "fp8":
+        from thrifty.errors import ConfigError
+        from thrifty.levers.fp8 import RECIPE, fp8_unavailable
+
+        why = fp8_unavailable(device)
+        if why is not None:
+            raise ConfigError(f"precision.mode = 'fp8' cannot run here: {why}; use bf16")
+        return Precision("fp8", kind, f"requested: float8 linears ({RECIPE} scaling), bf16 else")
     if mode != "auto":
         return Precision(mode, kind, "requested")
     if kind == "cuda":

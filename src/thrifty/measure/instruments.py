@@ -87,7 +87,7 @@ def find_peak(config: TrainConfig, device: torch.device, precision: Precision) -
     try:
         with torch.random.fork_rng(devices=[]):  # the CPU benchmark must not shift the RNG
             return peak_flops(
-                device, precision.name, given_tflops=config.measure.peak_tflops, tf32=tf32
+                device, precision.peak_dtype, given_tflops=config.measure.peak_tflops, tf32=tf32
             )
     except ThriftyError as exc:
         log.warning("%s; MFU will not be reported", exc)

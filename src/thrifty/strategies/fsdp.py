@@ -34,6 +34,11 @@ class FSDP(Strategy):
                 "loss scaler would see only this rank's shard of the gradients): use bf16, fp32, "
                 "or ddp"
             )
+        if precision.name == "fp8":
+            raise ConfigError(
+                "precision.mode = fp8 is not supported with distributed.strategy = fsdp (its "
+                "float8 linears would need float8 all-gathers): use bf16, or ddp"
+            )
         if optimizer_given:
             raise ConfigError(
                 "an optimizer built before the model is sharded cannot be used with "

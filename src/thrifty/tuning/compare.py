@@ -151,7 +151,7 @@ def needed(c: Comparison, measured: int | None = None) -> float:
 def cost(c: Comparison, role: str, measured: int) -> float:
     """Seconds a run of `role` takes: its shortest finished run, else its trial's time less the
     steps the trial measured beyond the run's `measured` (plus those it measured fewer)."""
-    done = [t.wall_seconds for t in c.runs(role) if t.status != "stopped"]
+    done = [t.wall_seconds for t in c.runs(role) if not ended_by_budget(t)]
     if done:
         return min(done)
     trial = c.incumbent if role == "a" else c.candidate
@@ -180,7 +180,7 @@ def conclude(c: Comparison, why: str = "") -> Comparison:
     trouble = next((t for t in c.blocks if not t.ok), None)
     if why:
         c.decision = NOT_RUN
-    elif trouble is not None and trouble.status == "failed":
+    elif trouble is not None and not ended_by_budget(trouble):
         c.decision = FAILED
     elif est is None:
         c.decision, why = NOT_RUN, "the budget ended before two rounds"
@@ -191,6 +191,13 @@ def conclude(c: Comparison, why: str = "") -> Comparison:
         c.decision = verdict
     c.line = line(c, why, trouble)
     return c
+
+
+def ended_by_budget(run: Trial) -> bool:
+    """The budget ended `run`: stopped mid-run, or still before its first step (what a
+    screening trial calls hung is, in a paired run of a setting that already ran, the budget
+    ending while it compiled)."""
+    return run.status == "stopped" or run.failure == "hung"
 
 
 def line(c: Comparison, why: str, trouble: Trial | None) -> str:

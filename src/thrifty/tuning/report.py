@@ -62,6 +62,7 @@ def result_dict(result: TuneResult) -> dict[str, Any]:
         "job": plan.job.describe(),
         "trials": [{**t.to_dict(), **figures(result, t)} for t in outcome.trials],
         "pruned": [s.to_dict() for s in outcome.skipped if s.kind == "pruned"],
+        "checks": list(outcome.checks),
         "not_reached": [s.to_dict() for s in outcome.not_reached],
         "baseline": outcome.baseline.name if outcome.baseline else None,
         "winner": best.name if best else None,
@@ -218,6 +219,8 @@ def _print_skipped(out: Console, result: TuneResult) -> None:
     for s in result.outcome.skipped:
         line = f"  {s.kind}: {s.describe()}: {s.reason}"
         out.print(escape(line), style="dim" if s.kind == "pruned" else None, soft_wrap=True)
+    for check in result.outcome.checks:
+        out.print(escape(f"  parity: {check}"), soft_wrap=True)
 
 
 def _print_winner(out: Console, result: TuneResult) -> None:

@@ -3,8 +3,9 @@ in the seeds' order of impact, skipping what cannot win, within a budget.
 
 Stages (each only for the levers searched): workers (the measured count, when the config
 fixes one), precision, micro (the largest micro-batch that fits under each checkpointing
-policy, lightest first), compile (default, then max-autotune). Each candidate runs one short
-trial, a screening: on a machine whose throughput swings, one reading per setting cannot tell
+policy, lightest first), compile (default, then max-autotune; on a CUDA GPU default,
+max-autotune without and with CUDA graphs, then CUDA graphs alone: reduce-overhead). Each
+candidate runs one short trial, a screening: on a machine whose throughput swings, one reading per setting cannot tell
 a gain from the swing. A stage's best trial, when it beats the incumbent (the best setting so
 far, at first the config as given) in its trial, is then compared with it in alternating runs
 (`thrifty.tuning.compare`), and it becomes the incumbent only when that paired comparison
@@ -15,12 +16,18 @@ are ranked by throughput.
 
 Pruned, because it cannot win:
   * fp16 once bf16 ran: the same tensor-core peak, plus loss scaling;
+  * fp32 on a CUDA GPU once bf16 ran there: at most half bf16's tensor-core peak (TF32) and
+    twice its activation memory (on a CPU bf16 may be emulated, so fp32 is measured);
   * a micro-batch no larger than one that already fits under the same or a lighter policy:
     no larger batch for as much recompute or more;
   * a micro-batch at least as large as one that ran out of memory under the same policy;
-  * max-autotune once the default compile mode failed.
+  * any other compile mode once the default compile mode failed (not for the budget).
+Kept only where its loss holds: an fp8 trial (bf16 with float8 linears) may become the
+incumbent only when the mean training loss of its last steps is within 0.01 nats of the bf16
+trial's, the same steps on the same data (`thrifty.levers.fp8.parity`); each check is one of
+the outcome's `checks` lines.
 Not reached: a candidate that needs more time than the budget has left (its estimate is the
-shortest finished trial like it; max-autotune's is twice the default mode's). Once a lever is
+shortest finished trial like it; an autotuning mode's is twice the default mode's). Once a lever is
 kept, the time the winner's re-measurement needs is held back from the candidates' trials
 and the comparisons after it.
 """
@@ -32,8 +39,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from thrifty.levers.fp8 import parity
 from thrifty.tuning.compare import FINAL, Comparison, needed, run_rounds
-from thrifty.tuning.space import AUTO, Setting, Space, policy_rank
+from thrifty.tuning.space import AUTO, AUTOTUNE_MODES, Setting, Space, policy_rank
 from thrifty.tuning.trials import Candidate, Runner, Trial
 
 STAGES = ("workers", "precision", "micro", "compile")
@@ -73,6 +81,7 @@ class Outcome:
     comparisons: list[Comparison] = field(default_factory=list)
     path: list[Trial] = field(default_factory=list)
     stop: str | None = None
+    checks: list[str] = field(default_factory=list)  # the FP8 parity checks, one line each
 
     @property
     def baseline(self) -> Trial | None:
@@ -168,9 +177,12 @@ class Search:
         return [o for o in options if not self._seen(o)]
 
     def _seen(self, setting: Setting) -> bool:
+        """Already run: each of its values is what a trial asked for or what it resolved
+        (the config as given with "auto" precision resolved to bf16 ran bf16, workers "auto"
+        resolved to 4 ran 4, and its micro "auto" would find the same size again)."""
         if setting == self.incumbent:
             return True
-        return any(setting in (t.setting, t.resolved) for t in self.outcome.trials)
+        return any(_covers(t, setting) for t in self.outcome.trials)
 
     def _consider(self, stage: str, setting: Setting) -> None:
         """Run `setting` unless it cannot win or the budget has no time for it."""
@@ -205,6 +217,7 @@ class Search:
         the paired comparison."""
         unit = self.outcome.unit
         finished = [t for t in self.outcome.trials if t.ok and t.stage == stage]
+        finished = [t for t in finished if self._loss_holds(t)]
         if not finished:
             return
         best = max(finished, key=lambda t: t.rate(unit) or 0.0)
@@ -213,6 +226,31 @@ class Search:
             return  # it did not beat the incumbent even once
         if not path or self._compare(self._comparison(stage, path[-1], best), best).kept:
             path.append(best)
+
+    def _loss_holds(self, t: Trial) -> bool:
+        """An fp8 trial's loss against the bf16 trial's over the same steps (its check is
+        recorded); any other precision holds."""
+        if t.resolved.precision != "fp8":
+            return True
+        ref = next(
+            (
+                r
+                for r in self.outcome.trials
+                if r.ok and r.resolved.precision == "bf16" and r.last_losses
+                and r.steps_completed == t.steps_completed
+            ),
+            None,
+        )
+        if ref is None or ref.last_losses is None or not t.last_losses:
+            self.outcome.checks.append(
+                f"{t.name}: no bf16 trial of the same steps to check its loss against; not kept"
+            )
+            return False
+        k = min(len(ref.last_losses), len(t.last_losses))
+        check = parity(ref.last_losses[-k:], t.last_losses[-k:], last=k)
+        verdict = "its speed decides" if check.ok else "not kept"
+        self.outcome.checks.append(f"{t.name} against {ref.name}: {check.describe()}; {verdict}")
+        return check.ok
 
     def _remeasure(self) -> None:
         """The winner against the config as given, paired, when a lever was kept."""
@@ -262,11 +300,18 @@ class Search:
             bf16 = next((t for t in trials if t.ok and t.resolved.precision == "bf16"), None)
             if bf16 is not None:
                 return f"fp16 runs at bf16's peak and adds loss scaling: it cannot beat {bf16.name}"
+        if stage == "precision" and s.precision == "fp32" and self.space.device == "cuda":
+            bf16 = next((t for t in trials if t.ok and t.resolved.precision == "bf16"), None)
+            if bf16 is not None:
+                return (
+                    "fp32 runs at half bf16's tensor-core peak at best (TF32), with twice the "
+                    f"activation memory: it cannot beat {bf16.name}"
+                )
         if stage == "micro":
             return self._micro_pruned(s)
-        if stage == "compile" and s.compile == "max-autotune":
+        if stage == "compile" and s.compile not in ("off", "default"):
             for t in trials:
-                if t.setting.compile == "default" and t.status == "failed":
+                if t.setting.compile == "default" and t.status == "failed" and t.failure != "hung":
                     if _same_except(t.resolved, s, "compile"):
                         return f"torch.compile failed in default mode ({t.name}: {t.error})"
         return None
@@ -297,7 +342,7 @@ class Search:
         like = [t for t in like if t.ok] or like
         if like:
             return min(t.wall_seconds for t in like)
-        if s.compile == "max-autotune":
+        if s.compile in AUTOTUNE_MODES:
             default = [t.wall_seconds for t in done if t.ok and t.setting.compile == "default"]
             if default:
                 return MAX_AUTOTUNE_FACTOR * min(default)
@@ -314,6 +359,13 @@ def changed_values(stage: str, s: Setting) -> str:
         return f"compile {s.compile}"
     policy = s.checkpointing if isinstance(s.checkpointing, str) else ",".join(s.checkpointing)
     return f"checkpointing {policy}, micro {s.micro}"
+
+
+def _covers(trial: Trial, s: Setting) -> bool:
+    """`trial` ran `s`: every value of `s` is the one the trial asked for or resolved."""
+    asked, resolved = trial.setting, trial.resolved
+    fields = ("precision", "checkpointing", "micro", "compile", "num_workers")
+    return all(getattr(s, f) in (getattr(asked, f), getattr(resolved, f)) for f in fields)
 
 
 def _same_except(a: Setting, b: Setting, *fields: str) -> bool:

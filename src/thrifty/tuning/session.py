@@ -197,6 +197,7 @@ def make_plan(
         levers=chosen,
         precisions=precisions,
         micro_sizes=sizes,
+        device=device,
     )
     if left_out and "precision" in chosen:
         space.notes.append(left_out)

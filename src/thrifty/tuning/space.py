@@ -27,6 +27,16 @@ LEVERS = ("workers", "precision", "micro", "checkpointing", "compile")
 # Lightest first: each one recomputes more in backward to keep fewer activations.
 POLICIES = ("off", "every_other", "all")
 COMPILE_MODES = ("off", "default", "max-autotune")
+# On a CUDA GPU: autotuning without and with CUDA graphs, then CUDA graphs alone (which a step
+# with host syncs or changing shapes cannot capture: measured like the rest).
+CUDA_COMPILE_MODES = (
+    "off",
+    "default",
+    "max-autotune-no-cudagraphs",
+    "max-autotune",
+    "reduce-overhead",
+)
+AUTOTUNE_MODES = ("max-autotune-no-cudagraphs", "max-autotune")
 AUTO = "auto"  # a micro-batch the Trainer finds (the largest that fits), or workers it measures
 
 Policy = str | tuple[str, ...]  # a named policy, or module-name patterns
@@ -115,6 +125,7 @@ class Space:
     compile_modes: tuple[str, ...]
     effective: int
     notes: list[str] = field(default_factory=list)
+    device: str = "cpu"  # the device type trained on: "cuda" has tensor cores to reason about
 
     def searches(self, lever: str) -> bool:
         return lever in self.levers
@@ -162,6 +173,7 @@ def build_space(
     levers: Iterable[str],
     precisions: Sequence[str],
     micro_sizes: Sequence[int] | None,
+    device: str = "cpu",
 ) -> Space:
     """The space for `config` on hardware that runs `precisions` (most impact first).
     `micro_sizes` replace "the largest that fits" (which the Trainer finds) with given sizes."""
@@ -182,9 +194,12 @@ def build_space(
         precisions=tuple(precisions) if "precision" in chosen else (),
         policies=POLICIES if "checkpointing" in chosen else (),
         micros=micros if "micro" in chosen else (),
-        compile_modes=COMPILE_MODES if "compile" in chosen else (),
+        compile_modes=(CUDA_COMPILE_MODES if device == "cuda" else COMPILE_MODES)
+        if "compile" in chosen
+        else (),
         effective=effective,
         notes=notes,
+        device=device,
     )
 
 
@@ -198,9 +213,12 @@ def hardware_precisions(device_name: str) -> tuple[str, tuple[str, ...], str]:
     """(device type, the precisions it runs natively, most impact first, a note on what was
     left out) for `run.device`: bf16 and fp16 run at the tensor cores' peak, fp32 below it.
 
-    A CUDA GPU runs fp16 and fp32, and bf16 natively from compute capability 8.0; a CPU runs
-    fp32, and bf16 only with AMX or AVX512-BF16 (otherwise it is emulated, and slower).
+    A CUDA GPU runs fp16 and fp32, and bf16 natively from compute capability 8.0, and fp8
+    (bf16 with float8 linears, right after bf16: its parity check needs a bf16 trial) from 8.9
+    with torchao installed; a CPU runs fp32, and bf16 only with AMX or AVX512-BF16 (otherwise
+    it is emulated, and slower).
     """
+    from thrifty.levers.fp8 import fp8_unavailable
     from thrifty.levers.precision import native_bf16
     from thrifty.strategies.device import resolve_device
 
@@ -208,8 +226,13 @@ def hardware_precisions(device_name: str) -> tuple[str, tuple[str, ...], str]:
     bf16 = native_bf16(device)
     runs: tuple[str, ...]
     if device.type == "cuda":
+        no_fp8 = fp8_unavailable(device)
         runs = ("bf16", "fp16", "fp32") if bf16 else ("fp16", "fp32")
+        if bf16 and no_fp8 is None:
+            runs = ("bf16", "fp8", "fp16", "fp32")
         why = "" if bf16 else "bf16 left out: this GPU has no native bf16"
+        if bf16 and no_fp8 is not None:
+            why = f"fp8 left out: {no_fp8}"
     else:
         runs = ("bf16", "fp32") if bf16 else ("fp32",)
         why = "" if bf16 else f"bf16 left out: this {device.type} has no native bf16"

@@ -71,7 +71,8 @@ class Trial:
     refused its config), crash, killed (by a signal not from the tune), hung (no step
     completed), or budget. `steps_completed`: the optimizer steps it completed. Rates are per second over the steady-state steps;
     `peak_memory_bytes` comes from `peak_memory_source`: "cuda" (peak allocated) or "rss"
-    (the process's peak resident set). `micro_batch`, `num_workers` and `precision` are the
+    (the process's peak resident set). `last_losses`: the training loss of the last steps
+    (what the FP8 parity check compares). `micro_batch`, `num_workers` and `precision` are the
     values the run used (an "auto" setting resolved).
     """
 
@@ -95,6 +96,7 @@ class Trial:
     num_workers: int | None = None
     precision: str | None = None
     steps_completed: int | None = None
+    last_losses: list[float] | None = None  # the training loss of its last steps, in order
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Trial:
@@ -166,12 +168,14 @@ def from_summary(
             error="it measured no step after the warm-up: give more --steps",
         )
     cuda_peak = summary.get("peak_memory_bytes")
+    losses = last_losses(run_dir)
     micro = summary.get("micro_batch") or None  # older runs report none: the size given
     if micro is None and isinstance(candidate.setting.micro, int):
         micro = candidate.setting.micro
     return Trial(
         **base,
         status="ok",
+        last_losses=losses,
         exit_code=0,
         tokens_per_second=summary.get("tokens_per_second"),
         samples_per_second=summary.get("samples_per_second"),
@@ -196,6 +200,19 @@ def failed(
         error=error,
         failure=classify(exit_code, error),
     )
+
+
+def last_losses(run_dir: Path, count: int = 5) -> list[float] | None:
+    """The training loss of the run's last `count` steps, from its metrics.jsonl (None
+    without one)."""
+    from thrifty.records.directory import step_records
+
+    try:
+        with open(run_dir / "metrics.jsonl", "rb") as f:
+            losses = [r["loss"] for r in step_records(f) if isinstance(r.get("loss"), float)]
+    except OSError:
+        return None
+    return losses[-count:] or None
 
 
 def stopped(
@@ -372,7 +389,12 @@ class ChildTrials:
             error = f"it left no readable summary.json ({exc}); its output is in {log}"
             return failed(candidate, wall, run_dir, 0, error)
         trial = from_summary(candidate, summary, wall, run_dir, peak)
-        return dataclasses.replace(trial, steps_completed=steps.count)
+        # The run's own count: the pipe also hears the optimizer steps of the micro-batch
+        # search's probes, which take no step's time.
+        done = summary.get("steps")
+        return dataclasses.replace(
+            trial, steps_completed=done if isinstance(done, int) else steps.count
+        )
 
 
 class StepCount:
