@@ -272,19 +272,29 @@ def largest_micro(cfg: GPT2Config, effective: int, device: torch.device) -> int:
     return micro
 
 
+@dataclass(frozen=True)
+class Job:
+    """What every arm trains: the model, the micro-batch and effective batch (sequences), the
+    steps timed after the warm-up ones, and the device."""
+
+    cfg: GPT2Config
+    micro: int
+    effective: int
+    steps: int
+    warmup: int
+    device: torch.device
+
+
 def plain_loop(
     name: str,
-    cfg: GPT2Config,
-    micro: int,
-    effective: int,
-    steps: int,
-    warmup: int,
-    device: torch.device,
+    job: Job,
     compile_model: bool,
     prepare: Callable[[nn.Module], str] | None = None,
 ) -> Arm:
     """Train `warmup + steps` optimizer steps; tokens/s over the last `steps`, timed with a
     device sync at each end and none in between; the losses of every step."""
+    cfg, micro, effective, device = job.cfg, job.micro, job.effective, job.device
+    steps, warmup = job.steps, job.warmup
     accumulation = effective // micro
     data = batches(micro, accumulation * (warmup + steps), cfg, device)
     torch.manual_seed(0)
@@ -488,7 +498,10 @@ def main(argv: list[str] | None = None) -> int:
     def record(arm: Arm) -> Arm:
         result["arms"][arm.name] = asdict(arm)
         (out / "gpt2_124m.json").write_text(json.dumps(result, indent=2))
-        print(f"{arm.name}: {describe(arm, fpt, measured_peak)}", flush=True)
+        print(
+            f"{arm.name}: {describe(arm, fpt, result['peak_dense_bf16'], measured_peak)}",
+            flush=True,
+        )
         return arm
 
     def left() -> float:
@@ -497,14 +510,13 @@ def main(argv: list[str] | None = None) -> int:
         return args.deadline - (time.monotonic() - began)
 
     micro = largest_micro(cfg, effective, device)
+    job = Job(cfg, micro, effective, args.steps, warmup, device)
     plain: Arm | None = None
     if "plain" in arms:
         plain = record(
             guarded(
                 "plain",
-                lambda: plain_loop(
-                    "plain", cfg, micro, effective, args.steps, warmup, device, compile_model=cuda
-                ),
+                lambda: plain_loop("plain", job, compile_model=cuda),
             )
         )
     if "thrifty-as-plain" in arms:
@@ -519,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(config_text(cfg, effective, warmup + args.steps, device.type, settings))
         record(thrifty_train("thrifty-as-plain", path, out, timeout=max(60.0, left())))
     if "fp8" in arms:
-        record(fp8_arm(cfg, micro, effective, args.steps, warmup, device, plain))
+        record(fp8_arm(job, plain))
     if "thrifty" in arms:
         given = out / "gpt2-124m.toml"
         given.write_text(config_text(cfg, effective, warmup + args.steps, device.type, {}))
@@ -553,18 +565,11 @@ def guarded(name: str, run: Callable[[], Arm]) -> Arm:
         return Arm(name, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
 
 
-def fp8_arm(
-    cfg: GPT2Config,
-    micro: int,
-    effective: int,
-    steps: int,
-    warmup: int,
-    device: torch.device,
-    plain: Arm | None,
-) -> Arm:
+def fp8_arm(job: Job, plain: Arm | None) -> Arm:
+    """The plain loop with float8 linears, and its loss against the plain loop's."""
     from thrifty.levers.fp8 import convert_to_fp8, fp8_unavailable, parity
 
-    why = fp8_unavailable(device)
+    why = fp8_unavailable(job.device)
     if why is not None:
         return Arm("fp8", note=f"not run: {why}")
 
@@ -573,9 +578,7 @@ def fp8_arm(
 
     arm = guarded(
         "fp8",
-        lambda: plain_loop(
-            "fp8", cfg, micro, effective, steps, warmup, device, compile_model=True, prepare=prepare
-        ),
+        lambda: plain_loop("fp8", job, compile_model=True, prepare=prepare),
     )
     if arm.losses and plain is not None and plain.losses:
         arm.note += "; " + parity(plain.losses, arm.losses).describe()
@@ -611,13 +614,16 @@ def machine(device: torch.device) -> str:
     )
 
 
-def describe(arm: Arm, fpt: float, measured_peak: float | None) -> str:
+def describe(arm: Arm, fpt: float, dense: float | None, measured_peak: float | None) -> str:
+    """One arm in a line; MFU against `dense` (the datasheet's peak, None on a CPU) and the
+    peak measured here."""
     if arm.error:
         return f"failed: {arm.error}"
     if arm.tokens_per_second is None:
         return arm.note or "no figure"
-    mfu = arm.tokens_per_second * fpt / H100_BF16_DENSE
-    parts = [f"{arm.tokens_per_second:,.0f} tokens/s", f"MFU {mfu:.1%} of 989 TFLOP/s"]
+    parts = [f"{arm.tokens_per_second:,.0f} tokens/s"]
+    if dense:
+        parts.append(f"MFU {arm.tokens_per_second * fpt / dense:.1%} of {dense / 1e12:.0f} TFLOP/s")
     if measured_peak:
         parts.append(f"{arm.tokens_per_second * fpt / measured_peak:.1%} of measured")
     if arm.micro:
@@ -630,7 +636,7 @@ def describe(arm: Arm, fpt: float, measured_peak: float | None) -> str:
 
 
 def table(result: dict[str, Any], fpt: float, measured_peak: float | None) -> str:
-    arms = result["arms"]
+    arms, dense = result["arms"], result["peak_dense_bf16"]
     plain = (arms.get("plain") or {}).get("tokens_per_second")
     lines = ["", "arm                tokens/s    MFU(989)  MFU(meas.)  peak GiB  vs plain"]
     for name, arm in arms.items():
@@ -638,12 +644,12 @@ def table(result: dict[str, Any], fpt: float, measured_peak: float | None) -> st
         if rate is None:
             lines.append(f"{name:<18} {arm.get('error') or arm.get('note') or '-'}")
             continue
-        mfu = rate * fpt / H100_BF16_DENSE
+        mfu = f"{rate * fpt / dense:.1%}" if dense else "-"
         meas = f"{rate * fpt / measured_peak:.1%}" if measured_peak else "-"
         peak = arm.get("peak_memory_gib")
         ratio = f"{rate / plain:.3f}" if plain else "-"
         lines.append(
-            f"{name:<18} {rate:>10,.0f}  {mfu:>8.1%}  {meas:>10}  "
+            f"{name:<18} {rate:>10,.0f}  {mfu:>8}  {meas:>10}  "
             f"{'-' if peak is None else f'{peak:.1f}':>8}  {ratio:>8}"
         )
     return "\n".join(lines)
