@@ -15,7 +15,7 @@ from torch import nn
 from helpers import TokenDataset, tiny_gpt
 from thrifty import Trainer
 from thrifty.config import TrainConfig
-from thrifty.errors import ThriftyError
+from thrifty.errors import ConfigError, ThriftyError
 from thrifty.records.directory import read_metrics
 
 
@@ -324,6 +324,29 @@ def test_auto_interval_is_dalys_for_the_measured_stall():
     assert tau == 600.0
 
 
+def test_auto_interval_is_capped_so_a_death_without_notice_loses_at_most_max_interval():
+    from thrifty.config import CheckpointConfig
+    from thrifty.plan.spot import daly_interval
+    from thrifty.run.saves import auto_interval
+
+    # A 2 s stall at the default 5-10% advisor bucket: Daly's optimum is hours.
+    daly, _ = auto_interval(stall_seconds=2.0, save_seconds=5.0, interruption_rate="5-10%")
+    assert daly > 3 * 3600
+    cap = CheckpointConfig().max_interval_seconds
+    assert cap == 1800.0
+    tau, text = auto_interval(2.0, 5.0, "5-10%", max_seconds=cap)
+    assert tau == 1800.0
+    assert text.startswith(
+        f"checkpoint every 30.0 min (checkpoint.max_interval; Daly's optimum {daly / 3600:.1f} h;"
+    )
+    # Under the cap, Daly's interval as before; never shorter than one full save.
+    tau, text = auto_interval(2.0, 5.0, 0.5, max_seconds=cap)
+    assert tau == pytest.approx(daly_interval(2.0, 7200.0)) and "(Daly;" in text
+    assert auto_interval(0.001, 2400.0, "5-10%", max_seconds=cap)[0] == 2400.0
+    with pytest.raises(ConfigError, match="checkpoint.max_interval = 'soon' is invalid"):
+        CheckpointConfig(max_interval="soon")
+
+
 def test_a_job_on_several_instances_is_interrupted_whenever_any_one_is(monkeypatch):
     from thrifty.plan.spot import daly_interval
     from thrifty.run.saves import auto_interval
@@ -337,7 +360,6 @@ def test_a_job_on_several_instances_is_interrupted_whenever_any_one_is(monkeypat
 
 
 def test_thrifty_spot_provider_pins_what_auto_means(monkeypatch):
-    from thrifty.errors import ConfigError
     from thrifty.run.preemption import make_poller
 
     monkeypatch.setenv("THRIFTY_SPOT_PROVIDER", "gcp")

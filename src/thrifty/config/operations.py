@@ -37,6 +37,9 @@ class CheckpointConfig:
     # (then only the emergency and final checkpoints are written).
     every: int | str = "auto"
     interruption_rate: float | str = "5-10%"  # per hour, or an AWS advisor bucket ("<5%", ...)
+    # "auto"'s longest interval: the most work a machine that dies without notice takes with it
+    # (Young/Daly's optimum for a rare interruption can be half a day).
+    max_interval: str | float = "30m"
     keep_last: int = 2
     keep_best: bool = False
     final: bool = True  # a checkpoint when the run ends; false for a throwaway (a tune trial)
@@ -71,11 +74,16 @@ class CheckpointConfig:
         if not self.resume:
             fail(s, "resume", self.resume, "use auto, never, or a checkpoint's path or URL")
         parse_duration(self.upload_deadline, f"{s}.upload_deadline")
+        parse_duration(self.max_interval, f"{s}.max_interval")
         non_negative(s, "upload_retries", self.upload_retries)
 
     @property
     def upload_deadline_seconds(self) -> float:
         return parse_duration(self.upload_deadline, f"{self.SECTION}.upload_deadline")
+
+    @property
+    def max_interval_seconds(self) -> float:
+        return parse_duration(self.max_interval, f"{self.SECTION}.max_interval")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

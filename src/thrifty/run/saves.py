@@ -37,8 +37,11 @@ def auto_interval(
     save_seconds: float,
     interruption_rate: float | str,
     instances: int | None = None,
+    max_seconds: float | None = None,
 ) -> tuple[float, str]:
-    """The Young/Daly interval (seconds) for the measured stall, and a line explaining it.
+    """The Young/Daly interval (seconds) for the measured stall, at most `max_seconds`
+    (checkpoint.max_interval: the work a machine that dies without notice takes with it), and
+    a line explaining it.
 
     With asynchronous saves the work lost to a checkpoint is the stall, not the full write, so
     the stall is Daly's δ; the interval is never shorter than one full write (one save in flight).
@@ -60,12 +63,15 @@ def auto_interval(
     if nodes > 1:
         rate_text += f" per instance x {nodes} instances"
     plan = checkpoint_interval(delta, rate_per_hour=one * nodes)
-    tau = max(plan.daly_seconds, save_seconds)
+    daly = plan.daly_seconds
+    capped = max_seconds is not None and daly > max_seconds
+    tau = max(max_seconds if capped and max_seconds is not None else daly, save_seconds)
     rate = plan.rate_per_hour / 3600.0
     overhead = delta / tau + rate * tau / 2  # saving, plus half an interval lost per interruption
+    why = f"checkpoint.max_interval; Daly's optimum {_human(daly)}" if capped else "Daly"
     text = (
-        f"checkpoint every {_human(tau)} (Daly; measured stall {delta * 1e3:.0f} ms, full save "
-        f"{save_seconds:.2f} s, {rate_text}); expected overhead {overhead * 100:.2g}%"
+        f"checkpoint every {_human(tau)} ({why}; measured stall {delta * 1e3:.0f} ms, full "
+        f"save {save_seconds:.2f} s, {rate_text}); expected overhead {overhead * 100:.2g}%"
     )
     return tau, text
 
@@ -122,7 +128,12 @@ class SaveInterval:
     def measured(self, stall_seconds: float, save_seconds: float) -> None:
         """every = "auto": the first save took `stall_seconds` of training and `save_seconds`
         in all; the interval follows from them."""
-        tau, text = auto_interval(stall_seconds, save_seconds, self.config.interruption_rate)
+        tau, text = auto_interval(
+            stall_seconds,
+            save_seconds,
+            self.config.interruption_rate,
+            max_seconds=self.config.max_interval_seconds,
+        )
         self.interval = Interval(seconds=tau)
         log.info(text)
 
