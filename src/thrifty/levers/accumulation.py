@@ -3,11 +3,14 @@ loss in the output, and weigh it inside an accumulation window.
 
 Calling convention: a dict batch is passed as keyword arguments (`model(**batch)`); a tuple or
 list as positional arguments, all of them without `loss_fn` and all but the last (the target)
-with one; anything else as the single argument.
+with one; anything else as the single argument. The loss is the output itself, its `.loss` or
+`["loss"]`, or the one scalar of a tuple (nanoGPT's and minGPT's `(logits, loss)`). A batch the
+model's forward cannot take is one line naming the fix, not the TypeError of its call.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -107,21 +110,78 @@ def loss_weights(
 
 def call_model(model: nn.Module, batch: Any, loss_fn: LossFn | None = None) -> torch.Tensor:
     """Run the model on a batch and return the scalar loss (see the module docstring)."""
-    if isinstance(batch, Mapping):
-        output = model(**batch)
-    elif isinstance(batch, (list, tuple)):
-        output = model(*batch) if loss_fn is None else model(*batch[:-1])
-    else:
-        output = model(batch)
+    try:
+        if isinstance(batch, Mapping):
+            output = model(**batch)
+        elif isinstance(batch, (list, tuple)):
+            output = model(*batch) if loss_fn is None else model(*batch[:-1])
+        else:
+            output = model(batch)
+    except TypeError as exc:
+        why = batch_mismatch(model, batch, loss_fn)
+        if why is None:  # raised inside forward, not by the call
+            raise
+        raise ThriftyError(f"{why} ({exc})") from None
     if loss_fn is not None:
         loss = loss_fn(output, batch)
         return _as_loss(loss, "loss_fn")
     return _as_loss(output, "the model")
 
 
+def batch_mismatch(model: nn.Module, batch: Any, loss_fn: LossFn | None) -> str | None:
+    """Why the model's forward cannot take the batch as `call_model` passes it, naming the fix;
+    None where it can (a TypeError then came from inside forward)."""
+    inner = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
+    inner = getattr(inner, "module", inner)  # DDP's
+    try:
+        signature = inspect.signature(inner.forward)
+    except (TypeError, ValueError):
+        return None
+    empty = inspect.Parameter.empty
+    bare = signature.replace(
+        parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+        return_annotation=empty,
+    )
+    name = f"{type(inner).__name__}.forward{bare}"
+    try:
+        if isinstance(batch, Mapping):
+            signature.bind(**batch)
+        elif isinstance(batch, (list, tuple)):
+            signature.bind(*(batch if loss_fn is None else batch[:-1]))
+        else:
+            signature.bind(batch)
+    except TypeError:
+        pass
+    else:
+        return None
+    if isinstance(batch, Mapping):
+        return (
+            f"{name} does not take the batch's keys {', '.join(map(str, batch))} as keyword "
+            "arguments: name the dataset's keys after forward's parameters, or give a "
+            "loss_fn(output, batch) and a model that takes them"
+        )
+    if isinstance(batch, (list, tuple)) and loss_fn is None:
+        return (
+            f"{name} cannot take the batch's {len(batch)} items as positional arguments: give "
+            "loss_fn(output, batch) (in Python, loss_fn=...; in a config, [task] loss_fn = "
+            "'package.module:function'), and thrifty calls the model on all but the last item "
+            "(the target)"
+        )
+    if isinstance(batch, (list, tuple)):
+        return (
+            f"{name} cannot take the batch's first {len(batch) - 1} items (all but the target, "
+            "as with a loss_fn) as positional arguments: make forward take them, or return "
+            "batches of (inputs, target)"
+        )
+    return f"{name} cannot take the batch, a {type(batch).__name__}, as its one argument"
+
+
 def _as_loss(output: Any, source: str) -> torch.Tensor:
     loss = output
-    if not isinstance(loss, torch.Tensor):
+    if isinstance(output, (tuple, list)):  # (logits, loss): the loss when it is the only scalar
+        scalars = [v for v in output if _is_scalar_loss(v)]
+        loss = scalars[0] if len(scalars) == 1 else None
+    elif not isinstance(loss, torch.Tensor):
         loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
     if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point():
         return loss if loss.dim() == 0 else loss.reshape(())
@@ -131,6 +191,10 @@ def _as_loss(output: Any, source: str) -> torch.Tensor:
         else f"a {type(output).__name__}"
     )
     raise ThriftyError(
-        f"{source} returned {desc}, not a loss: return a scalar loss tensor or an output with "
-        ".loss, or give a loss_fn(output, batch)"
+        f"{source} returned {desc}, not a loss: return a scalar loss tensor, an output with "
+        ".loss, or a tuple holding one scalar (logits, loss), or give a loss_fn(output, batch)"
     )
+
+
+def _is_scalar_loss(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point()
