@@ -123,3 +123,41 @@ class RaisesInside(nn.Module):
 def test_a_type_error_inside_forward_is_the_users_and_is_not_renamed(tmp_path):
     with pytest.raises(TypeError, match="len\\(\\) takes exactly one argument"):
         Trainer(RaisesInside(), pairs(), config=config(tmp_path, "inside")).fit()
+
+
+class Padded(torch.utils.data.Dataset):
+    """Sequences of 12 slots holding 3 to 12 real tokens, right-padded, with their mask."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        real = 3 + i % 10
+        mask = torch.zeros(12, dtype=torch.long)
+        mask[:real] = 1
+        ids = torch.arange(12) % 32 * mask
+        return {"input_ids": ids, "attention_mask": mask, "targets": torch.roll(ids, -1)}
+
+
+class MaskedLM(NanoGPTStyle):
+    def forward(self, input_ids, attention_mask, targets):
+        logits = self.lm_head(self.wte(input_ids))
+        return F.cross_entropy(logits.view(-1, 32), targets.view(-1))
+
+
+def test_padding_is_no_token_in_the_runs_counts(tmp_path):
+    from thrifty.levers.accumulation import count_tokens
+
+    data = Padded()
+    real = sum(int(data[i]["attention_mask"].sum()) for i in range(len(data)))
+    assert real < 32 * 12
+    result = Trainer(MaskedLM(), data, config=config(tmp_path, "padded")).fit()
+    assert result.steps == 3
+    seen = [data[i] for i in range(24)]  # 3 steps of 8, in order (shuffle off)
+    assert result.tokens == sum(int(s["attention_mask"].sum()) for s in seen)
+    # A float mask (additive, 0 and -inf) is not a padding mask: every slot counts.
+    additive = {
+        "input_ids": torch.zeros(2, 5, dtype=torch.long),
+        "attention_mask": torch.zeros(2, 5),
+    }
+    assert count_tokens(additive) == 10

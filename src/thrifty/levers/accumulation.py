@@ -52,13 +52,25 @@ def count_samples(batch: Any) -> int:
 
 
 def count_tokens(batch: Any) -> int:
-    """Tokens the loss is averaged over: the `loss_mask` sum, else the `input_ids` size, else 0."""
+    """Tokens the loss is averaged over: the `loss_mask` sum, else the real tokens of
+    `input_ids` (its `attention_mask`'s ones: padding is no token), else its size, else 0."""
     if isinstance(batch, Mapping):
         if "loss_mask" in batch:
             return int(batch["loss_mask"].sum())
+        mask = batch.get("attention_mask")
+        if _is_padding_mask(mask) and "input_ids" in batch:
+            return int(mask.sum())
         if "input_ids" in batch:
             return int(batch["input_ids"].numel())
     return 0
+
+
+def _is_padding_mask(mask: Any) -> bool:
+    """A Hugging Face padding mask: ones for tokens, zeros for padding, one row a sample (an
+    additive float mask of 0 and -inf is not one)."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        return False
+    return mask.dtype == torch.bool or not (mask.is_floating_point() or mask.is_complex())
 
 
 def window_counts(window: Sequence[Any]) -> tuple[list[int], list[int]]:
