@@ -112,3 +112,22 @@ def test_patterns_that_match_nothing_are_an_error():
 def test_model_without_repeated_blocks_is_an_error():
     with pytest.raises(ValueError, match="no repeated blocks"):
         apply_activation_checkpointing(torch.nn.Linear(2, 2), "all")
+
+
+def test_the_set_up_line_counts_its_blocks_in_words(caplog):
+    import logging
+    from types import SimpleNamespace
+
+    from thrifty.levers.precision import Precision
+    from thrifty.reporting.end_of_run import log_setup
+
+    caplog.set_level(logging.INFO, logger="thrifty")
+    single = SimpleNamespace(enabled=False, world_size=1)
+    fp32 = Precision("fp32", "cpu", "requested")
+    log_setup(single, fp32, ["blocks.0"], micro=8, accumulation=1)
+    log_setup(single, fp32, ["blocks.0", "blocks.1"], micro=8, accumulation=1)
+    lines = [r.getMessage() for r in caplog.records if "activation checkpointing" in r.getMessage()]
+    assert lines == [
+        "activation checkpointing: 1 block (blocks.0)",
+        "activation checkpointing: 2 blocks (blocks.0, blocks.1)",
+    ]

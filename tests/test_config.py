@@ -232,3 +232,15 @@ def test_the_config_changes_history_in_config_toml_is_not_a_setting(tmp_path):
 def test_allow_config_change_is_a_run_setting():
     assert build().run.allow_config_change is False
     assert build(run={"max_steps": 1, "allow_config_change": True}).run.allow_config_change
+
+
+def test_an_optional_text_set_to_false_is_left_unset_as_an_empty_one_is():
+    from thrifty.config import apply_overrides, parse_set_args
+
+    for text in ("log.mlflow=false", 'log.mlflow=""'):
+        data = apply_overrides({"run": {"max_steps": 1}}, parse_set_args([text]))
+        assert not TrainConfig.from_dict(data).log.mlflow
+    data = apply_overrides({"run": {"max_steps": 1}}, parse_set_args(["log.mlflow=file:./ml"]))
+    assert TrainConfig.from_dict(data).log.mlflow == "file:./ml"
+    with pytest.raises(ConfigError, match="log.mlflow = True is invalid: expected a string"):
+        TrainConfig.from_dict({"run": {"max_steps": 1}, "log": {"mlflow": True}})

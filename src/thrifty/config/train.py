@@ -156,6 +156,8 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
             continue
         if isinstance(value, int) and not isinstance(value, bool) and tp is float:
             value = float(value)
+        if value is False and tp == (str | None):  # an optional text left unset: log.mlflow=false
+            value = None
         if not _matches(value, tp):
             raise ConfigError(f"{prefix}{name} = {value!r} is invalid: expected {_type_name(tp)}")
         kwargs[name] = value

@@ -58,17 +58,17 @@ def count_tokens(batch: Any) -> int:
         if "loss_mask" in batch:
             return int(batch["loss_mask"].sum())
         mask = batch.get("attention_mask")
-        if _is_padding_mask(mask) and "input_ids" in batch:
+        if isinstance(mask, torch.Tensor) and _is_padding_mask(mask) and "input_ids" in batch:
             return int(mask.sum())
         if "input_ids" in batch:
             return int(batch["input_ids"].numel())
     return 0
 
 
-def _is_padding_mask(mask: Any) -> bool:
+def _is_padding_mask(mask: torch.Tensor) -> bool:
     """A Hugging Face padding mask: ones for tokens, zeros for padding, one row a sample (an
     additive float mask of 0 and -inf is not one)."""
-    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+    if mask.dim() != 2:
         return False
     return mask.dtype == torch.bool or not (mask.is_floating_point() or mask.is_complex())
 

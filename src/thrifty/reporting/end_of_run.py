@@ -177,7 +177,8 @@ def log_setup(dist: Any, precision: Any, blocks: list[str], micro: int, accumula
         log.info(dist.describe())
     log.info("precision: %s (%s)", precision.name, precision.reason)
     if blocks:
-        log.info("activation checkpointing: %d blocks (%s)", len(blocks), ", ".join(blocks))
+        counted = f"{len(blocks)} block{'s' if len(blocks) != 1 else ''}"
+        log.info("activation checkpointing: %s (%s)", counted, ", ".join(blocks))
     processes = f" × {dist.world_size} processes" if dist.enabled else ""
     log.info(
         "batch: micro %d × %d accumulation steps%s = effective %d",
