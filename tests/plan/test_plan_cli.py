@@ -333,3 +333,41 @@ def test_a_malformed_catalog_file_is_reported_with_line_and_field(cli, tmp_path)
         f"thrifty: error: {bad} line 3: gpu 'X1' field 'peak_tflops.bf17' is not a dtype; "
         "use fp32, tf32, bf16, fp16, fp8"
     )
+
+
+def test_hours_on_an_instance_are_priced_on_demand_and_on_spot_without_a_model(cli) -> None:
+    import json
+
+    from thrifty.plan.catalog import load_catalog
+    from thrifty.plan.spot import interruption_rate
+
+    p4d = load_catalog().instance("p4d.24xlarge")
+    r = cli("plan", "--instance", "p4d.24xlarge", "--hours", "72", "--json")
+    assert r.code == 0, r.err
+    spot = json.loads(r.out)["spot"]
+    assert spot["work_hours"] == 72
+    assert spot["on_demand_cost"] == pytest.approx(p4d.on_demand_per_hour * spot["on_demand_hours"])
+    assert spot["on_demand_hours"] == pytest.approx(72 + 60 / 3600)  # and the final save
+    assert spot["rate_per_hour"] == pytest.approx(interruption_rate(advisor_bucket="5-10%"))
+    assert spot["on_demand_hours"] < spot["expected_hours"]  # the interruptions' cost in time
+    assert spot["spot_cost"] == pytest.approx(p4d.spot_per_hour * spot["expected_hours"])
+    assert any("no rate given: thrifty's default" in a for a in spot["assumptions"])
+    faster = cli("plan", "--instance", "p4d.24xlarge", "--hours", "72", "--advisor", ">20%")
+    assert faster.code == 0 and "advisor bucket >20%:" in faster.out
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--hours", "72"], "--hours needs a priced --instance, e.g. --instance p4d.24xlarge"),
+        (
+            ["--hours", "72", "--instance", "p4d.24xlarge", "--params", "7B"],
+            "--hours prices hours of work on an instance: give it without a model",
+        ),
+    ],
+)
+def test_hours_without_what_it_needs_is_one_line(cli, args, expected) -> None:
+    r = cli("plan", *args)
+    assert r.code == 2 and r.out == ""
+    (line,) = r.err.strip().splitlines()
+    assert expected in line

@@ -105,8 +105,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("--seq", "sequence length (tokens)"),
     ):
         model.add_argument(flag, type=INT, metavar="N", help=text)
-    data = plan.add_argument_group("data (tokens, or steps x batch x --seq)")
+    data = plan.add_argument_group("data (tokens, or steps x batch x --seq), or hours")
     data.add_argument("--tokens", type=COUNT, metavar="D", help="training tokens, e.g. 1.4T")
+    data.add_argument(
+        "--hours",
+        type=FLOAT,
+        metavar="H",
+        help="hours of work on --instance, instead of a model and data: priced on-demand and "
+        "on spot with the expected interruptions (default rate: the 5-10%% advisor bucket)",
+    )
     data.add_argument("--steps", type=COUNT, metavar="S", help="optimizer steps")
     data.add_argument("--batch", type=COUNT, metavar="B", help="global batch in sequences per step")
     hw = plan.add_argument_group("hardware")

@@ -53,6 +53,15 @@ def run_plan(args: argparse.Namespace) -> int:
     budget = any(
         v is not None for v in (args.budget_flops, args.budget_gpu_hours, args.budget_dollars)
     )
+    if args.hours is not None:
+        if model is not None or budget:
+            raise ConfigError(
+                "--hours prices hours of work on an instance: give it without a model "
+                "(--params, a shape) or a budget, or give those without --hours"
+            )
+        _hours_section(args, catalog, sections)
+        _print(args, sections)
+        return 0
     if model is None and not budget:
         raise ConfigError(
             "thrifty plan needs a model (--params, or --layers/--hidden/--heads/--vocab/--seq) "
@@ -255,6 +264,46 @@ def _spot_section(
         )
     sections.add("spot", plan)
     return plan
+
+
+def _hours_section(args: argparse.Namespace, catalog: Catalog, sections: Sections) -> None:
+    """`--hours H --instance NAME`: H hours of work priced on-demand and on spot, with the
+    interruptions the rate given (or the 5-10% advisor bucket) makes expected."""
+    from thrifty.plan.spot import interruption_rate, spot_economics
+
+    if args.instance is None:
+        raise ConfigError("--hours needs a priced --instance, e.g. --instance p4d.24xlarge")
+    hardware = resolve_hardware(instance=args.instance, gpu=None, count=args.count, catalog=catalog)
+    instance = hardware.instance
+    assert instance is not None  # resolved from --instance
+    if instance.spot_per_hour is None:
+        raise ConfigError(
+            f"{instance.name} has no spot price in the catalog; choose a spot-priced --instance "
+            "(see 'thrifty prices --instances')"
+        )
+    bucket = None if _rate_given(args) else "5-10%"
+    rate = interruption_rate(
+        rate_per_hour=args.interruptions_per_hour,
+        mtbi_seconds=args.mtbi_hours * 3600 if args.mtbi_hours is not None else None,
+        advisor_bucket=args.advisor or bucket,
+    )
+    plan = spot_economics(
+        args.hours,
+        on_demand_per_hour=_price(hardware, "on-demand"),
+        spot_per_hour=_price(hardware, "spot"),
+        rate_per_hour=rate,
+        instances=hardware.count,
+        save_seconds=args.save_seconds,
+        restart_seconds=args.restart_seconds,
+        interval_seconds=args.checkpoint_interval,
+    )
+    if args.advisor or bucket:
+        plan.assumptions.append(
+            f"advisor bucket {args.advisor or bucket}"
+            + (" (no rate given: thrifty's default)" if bucket else "")
+            + ": its midpoint read as the monthly probability of an interruption"
+        )
+    sections.add("spot", plan)
 
 
 def _price(hardware: Hardware, pricing: str) -> float:
