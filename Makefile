@@ -2,18 +2,26 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+CORE := $(VENV)/.core-stamp
 STAMP := $(VENV)/.installed-stamp
 
 .PHONY: demo test lint bench clean chromium postgresql
 
-$(STAMP): pyproject.toml constraints.txt
+# thrifty and its core (torch, numpy, rich, tomli-w): what the demo and `thrifty` need.
+$(CORE): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -c constraints.txt -e .
+	touch $(CORE)
+
+# What the tests, the linters and the benchmarks need besides: every extra thrifty integrates.
+$(STAMP): $(CORE)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 # Each `make demo` is a new run directory, so running it again never meets a finished run.
-demo: $(STAMP)
+demo: $(CORE)
 	$(PY) -m thrifty demo --out runs/demo-$$(date +%Y%m%d-%H%M%S) $(ARGS)
+	@echo "thrifty is $(VENV)/bin/thrifty: 'source $(VENV)/bin/activate' puts it on your PATH"
 
 # The report's browser test drives Debian's Chromium: installed here where apt-get can (as root);
 # elsewhere the test is skipped and says why.

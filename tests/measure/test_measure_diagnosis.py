@@ -245,3 +245,10 @@ def test_a_profile_of_zero_steps_is_a_one_line_error() -> None:
     assert "\n" not in str(caught.value)
     with pytest.raises(ThriftyError, match="cannot be diagnosed"):
         Evidence(step_seconds=0.0)
+
+
+def test_a_change_below_a_millisecond_shows_in_its_figures():
+    from thrifty.measure.evidence import ms
+
+    assert (ms(0.00044), ms(0.00036)) == ("0.44 ms", "0.36 ms")  # not "0.4 ms → ~0.4 ms"
+    assert (ms(0.0123), ms(12.5)) == ("12.3 ms", "12.5 s")

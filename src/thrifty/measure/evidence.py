@@ -233,6 +233,10 @@ def pct(fraction: float | None) -> str:
 
 
 def ms(seconds: float) -> str:
+    """Milliseconds to a tenth, below one to a hundredth (0.44 ms → 0.36 ms, not 0.4 → 0.4);
+    seconds from 10 s."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
     return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
