@@ -5,8 +5,8 @@ Stages (each only for the levers searched): workers (the measured count, when th
 fixes one), precision, micro (the largest micro-batch that fits under each checkpointing
 policy, lightest first), compile (default, then max-autotune; on a CUDA GPU default,
 max-autotune without and with CUDA graphs, then CUDA graphs alone: reduce-overhead). Each
-candidate runs one short trial, a screening: on a machine whose throughput swings, one reading per setting cannot tell
-a gain from the swing. A stage's best trial, when it beats the incumbent (the best setting so
+candidate runs one short trial, a screening: on a machine whose throughput swings, one reading
+per setting cannot tell a gain from the swing. A stage's best trial, when it beats the incumbent (the best setting so
 far, at first the config as given) in its trial, is then compared with it in alternating runs
 (`thrifty.tuning.compare`), and it becomes the incumbent only when that paired comparison
 keeps it. The incumbent at the end, the winner, is re-measured against the config as given
@@ -27,8 +27,8 @@ incumbent only when the mean training loss of its last steps is within 0.01 nats
 trial's, the same steps on the same data (`thrifty.levers.fp8.parity`); each check is one of
 the outcome's `checks` lines.
 Not reached: a candidate that needs more time than the budget has left (its estimate is the
-shortest finished trial like it; an autotuning mode's is twice the default mode's). Once a lever is
-kept, the time the winner's re-measurement needs is held back from the candidates' trials
+shortest finished trial like it; an autotuning mode's is twice the default mode's). Once a
+lever is kept, the time the winner's re-measurement needs is held back from the candidates' trials
 and the comparisons after it.
 """
 
@@ -232,13 +232,9 @@ class Search:
         recorded); any other precision holds."""
         if t.resolved.precision != "fp8":
             return True
+        same_steps = [r for r in self.outcome.trials if r.steps_completed == t.steps_completed]
         ref = next(
-            (
-                r
-                for r in self.outcome.trials
-                if r.ok and r.resolved.precision == "bf16" and r.last_losses
-                and r.steps_completed == t.steps_completed
-            ),
+            (r for r in same_steps if r.ok and r.resolved.precision == "bf16" and r.last_losses),
             None,
         )
         if ref is None or ref.last_losses is None or not t.last_losses:
@@ -296,13 +292,11 @@ class Search:
 
     def _pruned(self, stage: str, s: Setting) -> str | None:
         trials = self.outcome.trials
-        if stage == "precision" and s.precision == "fp16":
+        if stage == "precision" and s.precision in ("fp16", "fp32"):
             bf16 = next((t for t in trials if t.ok and t.resolved.precision == "bf16"), None)
-            if bf16 is not None:
+            if bf16 is not None and s.precision == "fp16":
                 return f"fp16 runs at bf16's peak and adds loss scaling: it cannot beat {bf16.name}"
-        if stage == "precision" and s.precision == "fp32" and self.space.device == "cuda":
-            bf16 = next((t for t in trials if t.ok and t.resolved.precision == "bf16"), None)
-            if bf16 is not None:
+            if bf16 is not None and self.space.device == "cuda":
                 return (
                     "fp32 runs at half bf16's tensor-core peak at best (TF32), with twice the "
                     f"activation memory: it cannot beat {bf16.name}"
