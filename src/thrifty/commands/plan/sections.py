@@ -232,8 +232,6 @@ def _rate_given(args: argparse.Namespace) -> bool:
 def _spot_section(
     args: argparse.Namespace, hardware: Hardware, est: Estimate | None, sections: Sections
 ) -> SpotPlan | None:
-    from thrifty.plan.spot import interruption_rate, spot_economics
-
     if est is None or not _rate_given(args):
         return None
     if hardware.instance is None or hardware.instance.spot_per_hour is None:
@@ -242,26 +240,7 @@ def _spot_section(
             f"spot economics need a spot price: {name} has none in the catalog; "
             "choose a spot-priced --instance (see 'thrifty prices --instances')"
         )
-    rate = interruption_rate(
-        rate_per_hour=args.interruptions_per_hour,
-        mtbi_seconds=args.mtbi_hours * 3600 if args.mtbi_hours is not None else None,
-        advisor_bucket=args.advisor,
-    )
-    plan = spot_economics(
-        est.hours,
-        on_demand_per_hour=_price(hardware, "on-demand"),
-        spot_per_hour=_price(hardware, "spot"),
-        rate_per_hour=rate,
-        instances=hardware.count,
-        save_seconds=args.save_seconds,
-        restart_seconds=args.restart_seconds,
-        interval_seconds=args.checkpoint_interval,
-    )
-    if args.advisor:
-        plan.assumptions.append(
-            f"advisor bucket {args.advisor}: its midpoint read as the monthly "
-            "probability of an interruption"
-        )
+    plan = _spot_plan(args, hardware, est.hours)
     sections.add("spot", plan)
     return plan
 
@@ -269,8 +248,6 @@ def _spot_section(
 def _hours_section(args: argparse.Namespace, catalog: Catalog, sections: Sections) -> None:
     """`--hours H --instance NAME`: H hours of work priced on-demand and on spot, with the
     interruptions the rate given (or the 5-10% advisor bucket) makes expected."""
-    from thrifty.plan.spot import interruption_rate, spot_economics
-
     if args.instance is None:
         raise ConfigError("--hours needs a priced --instance, e.g. --instance p4d.24xlarge")
     hardware = resolve_hardware(instance=args.instance, gpu=None, count=args.count, catalog=catalog)
@@ -281,14 +258,28 @@ def _hours_section(args: argparse.Namespace, catalog: Catalog, sections: Section
             f"{instance.name} has no spot price in the catalog; choose a spot-priced --instance "
             "(see 'thrifty prices --instances')"
         )
-    bucket = None if _rate_given(args) else "5-10%"
+    sections.add("spot", _spot_plan(args, hardware, args.hours, default_bucket="5-10%"))
+
+
+def _spot_plan(
+    args: argparse.Namespace,
+    hardware: Hardware,
+    work_hours: float,
+    default_bucket: str | None = None,
+) -> SpotPlan:
+    """`work_hours` on `hardware` on-demand and on spot, at the interruption rate the options
+    give (else `default_bucket`, an advisor bucket, said so among the assumptions)."""
+    from thrifty.plan.spot import interruption_rate, spot_economics
+
+    default = None if _rate_given(args) else default_bucket
+    bucket = args.advisor or default
     rate = interruption_rate(
         rate_per_hour=args.interruptions_per_hour,
         mtbi_seconds=args.mtbi_hours * 3600 if args.mtbi_hours is not None else None,
-        advisor_bucket=args.advisor or bucket,
+        advisor_bucket=bucket,
     )
     plan = spot_economics(
-        args.hours,
+        work_hours,
         on_demand_per_hour=_price(hardware, "on-demand"),
         spot_per_hour=_price(hardware, "spot"),
         rate_per_hour=rate,
@@ -297,13 +288,13 @@ def _hours_section(args: argparse.Namespace, catalog: Catalog, sections: Section
         restart_seconds=args.restart_seconds,
         interval_seconds=args.checkpoint_interval,
     )
-    if args.advisor or bucket:
+    if bucket:
+        why = " (no rate given: thrifty's default)" if default else ""
         plan.assumptions.append(
-            f"advisor bucket {args.advisor or bucket}"
-            + (" (no rate given: thrifty's default)" if bucket else "")
-            + ": its midpoint read as the monthly probability of an interruption"
+            f"advisor bucket {bucket}{why}: its midpoint read as the monthly probability of an "
+            "interruption"
         )
-    sections.add("spot", plan)
+    return plan
 
 
 def _price(hardware: Hardware, pricing: str) -> float:
