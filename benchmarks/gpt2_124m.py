@@ -455,6 +455,11 @@ def main(argv: list[str] | None = None) -> int:
         "tune's own, 10m; with --deadline, the time left less the winner's run)",
     )
     parser.add_argument(
+        "--tune-levers",
+        default=None,
+        help="the tune's --levers (default: none given, all levers; the CPU test names one)",
+    )
+    parser.add_argument(
         "--deadline",
         type=float,
         default=None,
@@ -540,7 +545,14 @@ def main(argv: list[str] | None = None) -> int:
             budget = f"{max(30, int(left() - 90))}s"
         tune_dir = out / "tune"
         code = thrifty(
-            ["tune", str(given), *(["--budget", budget] if budget else []), "--out", str(tune_dir)],
+            [
+                "tune",
+                str(given),
+                *(["--budget", budget] if budget else []),
+                *(["--levers", args.tune_levers] if args.tune_levers else []),
+                "--out",
+                str(tune_dir),
+            ],
             out / "tune.log",
             timeout=max(60.0, left()),
         )
