@@ -191,3 +191,27 @@ def test_a_device_uuid_nvml_does_not_list_is_said_and_the_gpu_not_sampled(
         sampler._open_nvml()
     assert sampler.sources == []
     assert any("has the UUID 0a1b" in r.getMessage() for r in caplog.records)
+
+
+def test_cpu_is_read_only_a_tenth_of_a_second_or_more_after_the_last_reading(monkeypatch):
+    """psutil's cpu_percent right after a reading says 0%: no measurement. The sampler's first
+    sample follows the priming at once, and in a short run it made "CPU utilization 0% ± 0%"."""
+    readings = iter([0.0, 37.0, 41.0])  # the priming, then two real readings
+    fake = types.SimpleNamespace(
+        cpu_percent=lambda interval=None: next(readings),
+        virtual_memory=lambda: types.SimpleNamespace(percent=50.0),
+        Process=lambda: types.SimpleNamespace(memory_info=lambda: types.SimpleNamespace(rss=2**30)),
+    )
+    monkeypatch.setitem(sys.modules, "psutil", fake)
+    now = [100.0]
+    monkeypatch.setattr(system.time, "monotonic", lambda: now[0])
+    sampler = SystemSampler(gpu=False)
+    sampler._open_psutil()  # primes at t = 100.0
+    now[0] = 100.01
+    assert "cpu_percent" not in sampler.sample_once()  # 10 ms after: no reading taken
+    now[0] = 100.6
+    assert sampler.sample_once()["cpu_percent"] == 37.0
+    now[0] = 101.1
+    assert sampler.sample_once()["cpu_percent"] == 41.0
+    summary = sampler.summary_and_reset()
+    assert summary["cpu_percent_mean"] == 39.0 and summary["system_samples"] == 3

@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,9 @@ def _warn_once(key: str, message: str) -> None:
             return
         _warned.add(key)
     log.warning(message)
+
+
+MIN_CPU_WINDOW_SECONDS = 0.1  # psutil's cpu_percent needs this much time between readings
 
 
 class SystemSampler:
@@ -77,6 +81,7 @@ class SystemSampler:
         self._thread: threading.Thread | None = None
         self._psutil: Any = None
         self._process: Any = None
+        self._cpu_since = 0.0  # when psutil's CPU times were last read (time.monotonic)
         self._nvml: Any = None
         self._handle: Any = None
         self._gpu_readers: dict[str, Callable[[], float]] = {}
@@ -177,6 +182,7 @@ class SystemSampler:
             return
         self._process = self._psutil.Process()
         self._psutil.cpu_percent(interval=None)  # the first reading is meaningless: prime it
+        self._cpu_since = time.monotonic()
 
     def _open_nvml(self) -> None:
         try:
@@ -227,11 +233,18 @@ class SystemSampler:
     def _sample_psutil(self) -> dict[str, float]:
         if self._psutil is None:
             return {}
-        return {
-            "cpu_percent": float(self._psutil.cpu_percent(interval=None)),
+        values = {
             "ram_percent": float(self._psutil.virtual_memory().percent),
             "process_rss_gib": self._process.memory_info().rss / 2**30,
         }
+        # psutil compares CPU times with its last reading: less than a tenth of a second after
+        # it (the thread's first sample follows the priming at once) it reads 0%, which is no
+        # measurement, and a short run's "CPU utilization 0% ± 0%" came from it.
+        now = time.monotonic()
+        if now - self._cpu_since >= MIN_CPU_WINDOW_SECONDS:
+            values["cpu_percent"] = float(self._psutil.cpu_percent(interval=None))
+            self._cpu_since = now
+        return values
 
     def _sample_gpu(self) -> dict[str, float]:
         values: dict[str, float] = {}
