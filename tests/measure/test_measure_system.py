@@ -50,7 +50,7 @@ def test_sampler_reports_mean_and_swing_of_cpu_and_ram_per_interval() -> None:
         while sampler.summary_and_reset().get("system_samples", 0) == 0:  # drop the first
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        time.sleep(0.1)
+        time.sleep(0.35)  # a CPU reading waits for a tenth of a second after the last one
         summary = sampler.summary_and_reset()
     assert summary["system_samples"] >= 2
     for metric in ("cpu_percent", "ram_percent", "process_rss_gib"):
@@ -195,7 +195,8 @@ def test_a_device_uuid_nvml_does_not_list_is_said_and_the_gpu_not_sampled(
 
 def test_cpu_is_read_only_a_tenth_of_a_second_or_more_after_the_last_reading(monkeypatch):
     """psutil's cpu_percent right after a reading says 0%: no measurement. The sampler's first
-    sample follows the priming at once, and in a short run it made "CPU utilization 0% ± 0%"."""
+    sample follows the priming at once, and in a short run it made "CPU utilization 0% ± 0%":
+    the sampling thread now waits out the rest of the tenth."""
     readings = iter([0.0, 37.0, 41.0])  # the priming, then two real readings
     fake = types.SimpleNamespace(
         cpu_percent=lambda interval=None: next(readings),
@@ -204,14 +205,20 @@ def test_cpu_is_read_only_a_tenth_of_a_second_or_more_after_the_last_reading(mon
     )
     monkeypatch.setitem(sys.modules, "psutil", fake)
     now = [100.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
     monkeypatch.setattr(system.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(system.time, "sleep", sleep)
     sampler = SystemSampler(gpu=False)
     sampler._open_psutil()  # primes at t = 100.0
     now[0] = 100.01
-    assert "cpu_percent" not in sampler.sample_once()  # 10 ms after: no reading taken
+    assert sampler.sample_once()["cpu_percent"] == 37.0  # read after waiting out the tenth
+    assert slept == [pytest.approx(0.09)]
     now[0] = 100.6
-    assert sampler.sample_once()["cpu_percent"] == 37.0
-    now[0] = 101.1
-    assert sampler.sample_once()["cpu_percent"] == 41.0
+    assert sampler.sample_once()["cpu_percent"] == 41.0 and len(slept) == 1  # no wait needed
     summary = sampler.summary_and_reset()
-    assert summary["cpu_percent_mean"] == 39.0 and summary["system_samples"] == 3
+    assert summary["cpu_percent_mean"] == 39.0 and summary["system_samples"] == 2

@@ -239,11 +239,13 @@ class SystemSampler:
         }
         # psutil compares CPU times with its last reading: less than a tenth of a second after
         # it (the thread's first sample follows the priming at once) it reads 0%, which is no
-        # measurement, and a short run's "CPU utilization 0% ± 0%" came from it.
-        now = time.monotonic()
-        if now - self._cpu_since >= MIN_CPU_WINDOW_SECONDS:
-            values["cpu_percent"] = float(self._psutil.cpu_percent(interval=None))
-            self._cpu_since = now
+        # measurement, and a short run's "CPU utilization 0% ± 0%" came from it. The sampling
+        # thread waits out the rest of that tenth instead.
+        wait = MIN_CPU_WINDOW_SECONDS - (time.monotonic() - self._cpu_since)
+        if wait > 0:
+            time.sleep(wait)
+        values["cpu_percent"] = float(self._psutil.cpu_percent(interval=None))
+        self._cpu_since = time.monotonic()
         return values
 
     def _sample_gpu(self) -> dict[str, float]:
