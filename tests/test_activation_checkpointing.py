@@ -116,18 +116,127 @@ def test_model_without_repeated_blocks_is_an_error():
 
 def test_the_set_up_line_counts_its_blocks_in_words(caplog):
     import logging
-    from types import SimpleNamespace
 
-    from thrifty.levers.precision import Precision
-    from thrifty.reporting.end_of_run import log_setup
+    from thrifty.reporting.end_of_run import log_checkpointing
 
     caplog.set_level(logging.INFO, logger="thrifty")
-    single = SimpleNamespace(enabled=False, world_size=1)
-    fp32 = Precision("fp32", "cpu", "requested")
-    log_setup(single, fp32, ["blocks.0"], micro=8, accumulation=1)
-    log_setup(single, fp32, ["blocks.0", "blocks.1"], micro=8, accumulation=1)
+    log_checkpointing("every_other", ["blocks.0"], {})
+    log_checkpointing("all", ["blocks.0", "blocks.1"], {})
     lines = [r.getMessage() for r in caplog.records if "activation checkpointing" in r.getMessage()]
     assert lines == [
         "activation checkpointing: 1 block (blocks.0)",
         "activation checkpointing: 2 blocks (blocks.0, blocks.1)",
     ]
+
+
+class _Basic(torch.nn.Module):
+    """A ResNet basic block: two 3×3 convolutions, the first with the stage's stride."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(cin, cout, 3, stride, 1)
+        self.b1 = torch.nn.BatchNorm2d(cout)
+        self.c2 = torch.nn.Conv2d(cout, cout, 3, 1, 1)
+        self.b2 = torch.nn.BatchNorm2d(cout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.b2(self.c2(torch.relu(self.b1(self.c1(x))))))
+
+
+class _ResNet(torch.nn.Module):
+    """Four stages of two blocks as torchvision's ResNet lays them out: the first stages hold
+    the activation memory (large images, few channels), the last the parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, 1, 1)
+        widths, cin = (8, 16, 32, 64), 8
+        for i, width in enumerate(widths, 1):
+            stage = torch.nn.Sequential(
+                _Basic(cin, width, 1 if i == 1 else 2), _Basic(width, width, 1)
+            )
+            setattr(self, f"layer{i}", stage)
+            cin = width
+        self.fc = torch.nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for i in range(1, 5):
+            x = getattr(self, f"layer{i}")(x)
+        return self.fc(x.mean((2, 3)))
+
+
+def _images(n: int = 16) -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    return torch.utils.data.TensorDataset(
+        torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+    )
+
+
+def _saved_by_forward(model: torch.nn.Module, x: torch.Tensor) -> int:
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if not (t.is_leaf and t.requires_grad):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x).sum().backward()
+    return sum(storages.values())
+
+
+def test_a_cnn_recomputes_the_blocks_that_hold_the_most_activation_memory(caplog, tmp_path):
+    import logging
+
+    from thrifty import TrainConfig, Trainer
+
+    # The repeated blocks are every stage's, not only the last stage's (the most parameters).
+    assert find_repeated_blocks(_ResNet()) == [f"layer{i}.{j}" for i in range(1, 5) for j in (0, 1)]
+    caplog.set_level(logging.INFO, logger="thrifty")
+    config = TrainConfig.from_dict(
+        {
+            "run": {"max_steps": 1, "device": "cpu", "out": str(tmp_path), "progress": "off"},
+            "batch": {"micro": 8, "effective": 8},
+            "precision": {"mode": "fp32"},
+            "activation_checkpointing": {"policy": "every_other"},
+            "data": {"num_workers": 0},
+            "checkpoint": {"final": False},
+        }
+    )
+    model = _ResNet()
+    def loss_fn(logits: torch.Tensor, batch: list[torch.Tensor]) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits, batch[1])
+
+    with Trainer(model, _images(), config, loss_fn=loss_fn) as trainer:
+        chosen = trainer.checkpointed_blocks
+        held = trainer.held
+    # Half the blocks, the first two stages': they hold the most activation memory.
+    assert chosen == ["layer1.0", "layer1.1", "layer2.0", "layer2.1"]
+    assert held["layer1.0"] > held["layer4.0"] * 4
+
+    # What the choice frees, measured with the lever on: more than the old choice, the block
+    # with the most parameters (layer4.0), freed.
+    x = _images(8).tensors[0]
+    remove_activation_checkpointing(model)
+    plain = _saved_by_forward(model, x)
+    apply_activation_checkpointing(model, ["layer4.0"])
+    by_parameters = plain - _saved_by_forward(model, x)
+    remove_activation_checkpointing(model)
+    apply_activation_checkpointing(model, "every_other", held)
+    by_memory = plain - _saved_by_forward(model, x)
+    assert by_memory > 4 * by_parameters > 0
+
+    (line,) = [
+        r.getMessage() for r in caplog.records if "activation checkpointing" in r.getMessage()
+    ]
+    assert line.startswith(
+        "activation checkpointing: 4 blocks (layer1.0, layer1.1, layer2.0, layer2.1) recompute what holds "
+    )
+    assert "(measured; all " in line and "every_nth:3 " in line
+
+
+def test_blocks_that_hold_the_same_keep_their_alternate_positions():
+    model = tiny_gpt()
+    held = dict.fromkeys(find_repeated_blocks(model), 1000)
+    assert apply_activation_checkpointing(model, "every_other", held) == ["blocks.0", "blocks.2"]

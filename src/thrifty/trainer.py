@@ -41,7 +41,12 @@ from thrifty.records.budget import Budget
 from thrifty.records.state import FitResult, RunClock, TrainState
 from thrifty.records.stop import StopReason
 from thrifty.records.stop_signals import active_stop_signals
-from thrifty.reporting.end_of_run import console_for_api, log_setup, show_result
+from thrifty.reporting.end_of_run import (
+    console_for_api,
+    log_checkpointing,
+    log_setup,
+    show_result,
+)
 from thrifty.reporting.summary import RunFacts, fit_result, write_outputs
 from thrifty.run.boundary import StepBoundary
 from thrifty.run.checkpointer import Layout, RunCheckpointer, RunParts
@@ -156,9 +161,10 @@ class Trainer:
         )
         if self.precision.name == "fp8":  # after the FLOP count, before anything wraps it
             apply_fp8(self.model)
+        self.held = instruments.held_on_every_rank(self.dist, self.flops)
         try:
             policy = cfg.activation_checkpointing.policy
-            self.checkpointed_blocks = apply_activation_checkpointing(self.model, policy)
+            self.checkpointed_blocks = apply_activation_checkpointing(self.model, policy, self.held)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         # Wrapped after activation checkpointing (FSDP shards the checkpointed blocks) and
@@ -225,9 +231,8 @@ class Trainer:
             lambda: self.evaluate(),  # looked up when called: a subclass's, a patched one
             validates=self.val_data is not None,
         )
-        log_setup(
-            self.dist, self.precision, self.checkpointed_blocks, self.micro, self.accumulation
-        )
+        log_setup(self.dist, self.precision, self.micro, self.accumulation)
+        log_checkpointing(cfg.activation_checkpointing.policy, self.checkpointed_blocks, self.held)
 
     def _find_micro(
         self, wrapped: nn.Module, data: Dataset, collate_fn: Callable[[list[Any]], Any] | None

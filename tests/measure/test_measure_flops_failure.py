@@ -68,11 +68,11 @@ def test_a_micro_batch_too_large_to_count_is_counted_on_one_sample(monkeypatch) 
     real = instruments.measure_flops
     sizes: list[int] = []
 
-    def fits_one(model: torch.nn.Module, batch: dict, call, device) -> object:  # type: ignore[no-untyped-def]
+    def fits_one(model: torch.nn.Module, batch: dict, call, device, blocks) -> object:  # type: ignore[no-untyped-def]
         sizes.append(len(batch["x"]))
         if len(batch["x"]) > 1:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real(model, batch, call, device=device)
+        return real(model, batch, call, device=device, blocks=blocks)
 
     monkeypatch.setattr(instruments, "measure_flops", fits_one)
     scaled = instruments.count_step_flops(*args)

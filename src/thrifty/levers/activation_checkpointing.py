@@ -1,8 +1,12 @@
 """Selective activation checkpointing: recompute chosen blocks in backward instead of storing
 their activations.
 
-The model's repeated blocks are found by structure (the largest ModuleList/Sequential of
-same-class children, e.g. `transformer.h`), and each chosen block's `forward` is replaced by one
+The model's repeated blocks are found by structure (the children of the ModuleLists and
+Sequentials of same-class layers, of the class that holds the most parameters: `transformer.h.*`,
+a ResNet's blocks in all four stages). Which of them a policy recomputes is chosen by the
+activation memory each holds, measured on a real micro-batch when the run counts its FLOPs:
+a ResNet's first stages hold the most of it, its last the most parameters. Each chosen block's
+`forward` is replaced by one
 that runs it under non-reentrant `torch.utils.checkpoint` with the RNG state preserved, so a
 recomputed dropout mask equals the original. The module tree and the state_dict keys are left
 unchanged, so checkpoints load with or without the lever.
@@ -12,7 +16,9 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-from collections.abc import Callable, Sequence
+import math
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,28 +30,53 @@ from thrifty.config.sections import parse_policy
 _MARK = "_thrifty_checkpointed_forward"
 
 
-
-
 def find_repeated_blocks(model: nn.Module) -> list[str]:
-    """Qualified names of the model's repeated blocks.
+    """Qualified names of the model's repeated blocks, in the model's order.
 
-    The candidate is the ModuleList or Sequential with at least two children of one class that
-    holds the most parameters (the transformer's layers, a ResNet stage...). Returns [] when the
-    model has no such container.
+    A repeated block is a child of a ModuleList or Sequential of at least two children of one
+    class with parameters (the transformer's layers, a ResNet stage...); of the classes found,
+    the one whose blocks hold the most parameters in all. A block inside another is left out
+    (it is recomputed with it). Returns [] when the model has no such container.
     """
-    best: tuple[int, list[str]] = (0, [])
+    blocks: dict[type, list[str]] = defaultdict(list)
+    params: dict[type, int] = defaultdict(int)
     for name, module in model.named_modules():
         if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 2:
             continue
         children = list(module.named_children())
-        classes = {type(child) for _, child in children}
-        if len(classes) != 1 or not any(True for _ in children[0][1].parameters()):
+        kinds = {type(child) for _, child in children}
+        if len(kinds) != 1 or not any(True for _ in children[0][1].parameters()):
             continue
-        params = sum(p.numel() for p in module.parameters())
-        if params > best[0]:
-            prefix = f"{name}." if name else ""
-            best = (params, [prefix + child_name for child_name, _ in children])
-    return best[1]
+        prefix = f"{name}." if name else ""
+        kind = kinds.pop()
+        if any(name.startswith(b + ".") for b in blocks[kind]):
+            continue  # a container inside a block of the same class: that block holds it
+        blocks[kind] += [prefix + child_name for child_name, _ in children]
+        params[kind] += sum(p.numel() for p in module.parameters())
+    if not params:
+        return []
+    return blocks[max(params, key=params.__getitem__)]
+
+
+def every_nth(blocks: Sequence[str], nth: int, held: Mapping[str, int] | None) -> list[str]:
+    """One block in `nth` of `blocks`, in the model's order: those that hold the most activation
+    memory when `held` (bytes by block, measured) tells them apart, else every nth from the
+    first. Blocks that hold the same keep their positions: a transformer's stay alternate."""
+    if not held or not all(name in held for name in blocks):
+        return list(blocks[::nth])
+    rank = sorted(range(len(blocks)), key=lambda i: (-held[blocks[i]], i % nth != 0, i))
+    chosen = set(rank[: math.ceil(len(blocks) / nth)])
+    return [name for i, name in enumerate(blocks) if i in chosen]
+
+
+def policy_savings(blocks: Sequence[str], held: Mapping[str, int]) -> dict[str, int]:
+    """The activation bytes each nth-policy frees (all, every_other, every_nth:3, ...), as
+    measured: what the blocks it recomputes hold."""
+    savings = {}
+    for nth, policy in ((1, "all"), (2, "every_other"), (3, "every_nth:3"), (4, "every_nth:4")):
+        if nth <= len(blocks):
+            savings[policy] = sum(held.get(name, 0) for name in every_nth(blocks, nth, held))
+    return savings
 
 
 def _checkpointed_forward(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -72,12 +103,16 @@ def remove_activation_checkpointing(model: nn.Module) -> None:
 
 
 def apply_activation_checkpointing(
-    model: nn.Module, policy: str | Sequence[str] = "every_other"
+    model: nn.Module,
+    policy: str | Sequence[str] = "every_other",
+    held: Mapping[str, int] | None = None,
 ) -> list[str]:
     """Checkpoint the blocks of `model` that `policy` selects; returns their qualified names.
 
     `policy` is `off`, `every_other`, `all`, `every_nth:N` (over the repeated blocks found by
-    `find_repeated_blocks`) or a list of fnmatch patterns over module names (`["layers.*"]`).
+    `find_repeated_blocks`, those holding the most activation memory by `held`, bytes by
+    block as `count_flops` measures them, when given) or a list of fnmatch patterns over
+    module names (`["layers.*"]`).
     """
     parsed = parse_policy(policy)
     if parsed.patterns:
@@ -100,7 +135,7 @@ def apply_activation_checkpointing(
                 "activation_checkpointing found no repeated blocks in the model (no ModuleList or "
                 "Sequential of same-class layers): give module-name patterns instead"
             )
-        names = blocks[:: parsed.nth]
+        names = every_nth(blocks, parsed.nth, held)
     else:
         return []
     modules = dict(model.named_modules())

@@ -33,6 +33,7 @@ from thrifty.errors import ConfigError
 if TYPE_CHECKING:
     from thrifty.plan.catalog import Catalog
 
+
 @dataclass(frozen=True, slots=True)
 class CostSnapshot:
     """Spend so far. Rates are None until there is something to divide by.

@@ -11,8 +11,9 @@ Units: FLOPs are floating-point operations (a multiply-add counts 2), per call o
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,11 +34,14 @@ class FlopCount:
     dispatched, views and in-place updates included — each costs dispatcher time on the host
     and most launch a kernel on a GPU. `activation_bytes`: bytes of tensors saved for
     backward, parameters excluded and shared storage counted once (0 when not measured).
+    `block_bytes`: of those, the bytes saved while each block given to `count_flops` ran its
+    forward (what checkpointing that block would free), by the block's name.
     """
 
     flops: float
     ops: int
     activation_bytes: int = 0
+    block_bytes: dict[str, int] = field(default_factory=dict)
 
     @property
     def flops_per_op(self) -> float:
@@ -73,6 +77,8 @@ class _SavedBytes:
 
     def __init__(self) -> None:
         self.storages: dict[int, int] = {}
+        self.by_block: dict[str, dict[int, int]] = {}
+        self.running: list[str] = []  # the blocks whose forward is running, outermost first
         self._boxes: list[list[torch.Tensor]] = []
 
     def pack(self, tensor: torch.Tensor) -> list[torch.Tensor]:
@@ -82,6 +88,8 @@ class _SavedBytes:
         if not (base.is_leaf and base.requires_grad):
             storage = tensor.untyped_storage()
             self.storages[storage.data_ptr()] = storage.nbytes()
+            for name in self.running:
+                self.by_block.setdefault(name, {})[storage.data_ptr()] = storage.nbytes()
         box = [tensor]
         self._boxes.append(box)
         return box
@@ -100,6 +108,30 @@ class _SavedBytes:
     @property
     def total(self) -> int:
         return sum(self.storages.values())
+
+    def block_totals(self) -> dict[str, int]:
+        return {name: sum(storages.values()) for name, storages in self.by_block.items()}
+
+    @contextmanager
+    def attributing(self, blocks: Mapping[str, torch.nn.Module]) -> Iterator[None]:
+        """Within: what is saved while a block of `blocks` runs its forward counts for it."""
+
+        def enter(name: str) -> Callable[..., None]:
+            return lambda *_: self.running.append(name)
+
+        def leave(name: str) -> Callable[..., None]:
+            return lambda *_: self.running.remove(name)
+
+        handles = []
+        for name, module in blocks.items():
+            handles.append(module.register_forward_pre_hook(enter(name)))
+            handles.append(module.register_forward_hook(leave(name), always_call=True))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+            self.running.clear()
 
 
 def _cpu_attention_flops(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> int:
@@ -127,8 +159,11 @@ def _extra_formulas() -> dict[Any, Any]:
     return extra
 
 
-def count_flops(fn: Callable[[], Any]) -> FlopCount:
-    """Run `fn` once — one micro-batch forward and backward — and count what it did.
+def count_flops(
+    fn: Callable[[], Any], blocks: Mapping[str, torch.nn.Module] | None = None
+) -> FlopCount:
+    """Run `fn` once — one micro-batch forward and backward — and count what it did, with the
+    activation bytes each of `blocks` (named modules of the model) holds.
 
     `fn` runs for real: gradients it computes accumulate in the model, so zero them afterwards
     if the count is taken inside a training run. Tensors saved by activation-checkpointed
@@ -139,7 +174,7 @@ def count_flops(fn: Callable[[], Any]) -> FlopCount:
     flop_mode = FlopCounterMode(display=False, custom_mapping=_extra_formulas())
     try:
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
-            with flop_mode, counter:
+            with saved.attributing(blocks or {}), flop_mode, counter:
                 fn()
     except BaseException as exc:
         saved.release()  # a forward whose backward will never run: free what it saved
@@ -149,7 +184,9 @@ def count_flops(fn: Callable[[], Any]) -> FlopCount:
             # The CPU allocator's RuntimeError: callers size the micro-batch on one type.
             raise torch.OutOfMemoryError(str(exc)) from exc
         raise
-    return FlopCount(float(flop_mode.get_total_flops()), counter.ops, saved.total)
+    return FlopCount(
+        float(flop_mode.get_total_flops()), counter.ops, saved.total, saved.block_totals()
+    )
 
 
 def transformer_flops_per_token(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from thrifty.config import TrainConfig
 from thrifty.data.loading import WorkerChoice
 from thrifty.errors import ThriftyError
 from thrifty.levers.accumulation import LossFn, call_model, to_device
+from thrifty.levers.activation_checkpointing import find_repeated_blocks
 from thrifty.levers.precision import Precision, native_bf16
 from thrifty.measure.cost import LostWork
 from thrifty.measure.monitor import RunMonitor
@@ -31,6 +33,16 @@ from thrifty.strategies.device import available_cpus
 from thrifty.strategies.process_group import Distributed
 
 log = logging.getLogger("thrifty")
+
+
+def held_on_every_rank(dist: Distributed, count: Any) -> dict[str, int]:
+    """The activation bytes each repeated block held in the FLOP count `count`, summed over the
+    ranks: every rank then chooses the same blocks to recompute (under FSDP a recomputation
+    gathers parameters, a collective all ranks must make together)."""
+    totals: Counter[str] = Counter()
+    for held in dist.all_gather(count.block_bytes if count is not None else {}):
+        totals.update(held)
+    return dict(totals)
 
 
 def count_step_flops(
@@ -55,6 +67,7 @@ def count_step_flops(
     from thrifty.levers.micro_batch import free_memory, scaled_count
 
     collate = collate_fn or (data.collate_fn if isinstance(data, DataLoader) else default_collate)
+    blocks = find_repeated_blocks(model)  # activation checkpointing chooses by what they hold
 
     def call(m: nn.Module, b: Any) -> torch.Tensor:
         with precision.autocast():
@@ -62,7 +75,7 @@ def count_step_flops(
 
     def count(samples: int) -> Any:
         batch = to_device(collate(first_samples(data, samples)), device)
-        return measure_flops(model, batch, call, device=device)
+        return measure_flops(model, batch, call, device=device, blocks=blocks)
 
     try:
         try:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -243,9 +243,11 @@ def measure_flops(
     batch: Any,
     call: Callable[[torch.nn.Module, Any], torch.Tensor],
     device: torch.device | None = None,
+    blocks: Sequence[str] = (),
 ) -> Any:
     """FLOPs and aten ops of one micro-batch forward+backward, without disturbing training:
     evaluation mode (no dropout draw, no BatchNorm update), the RNG forked, gradients cleared.
+    `blocks`: names of the model's modules whose activation bytes are counted each.
 
     `device`: where the model runs (default: where its first parameter is); its RNG is the one
     forked, so a run on `cuda:1` keeps `cuda:1`'s random stream where it was.
@@ -256,7 +258,9 @@ def measure_flops(
     model.eval()
     try:
         with torch.random.fork_rng(devices=_cuda_indices(device or _model_device(model))):
-            count = count_flops(lambda: call(model, batch).backward())
+            modules = dict(model.named_modules())
+            named = {name: modules[name] for name in blocks}
+            count = count_flops(lambda: call(model, batch).backward(), named)
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was_training)

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from thrifty.levers.activation_checkpointing import policy_savings
+from thrifty.plan.units import fmt_bytes
 from thrifty.records.stop import StopReason
 
 
@@ -170,15 +172,41 @@ def show_result(result: Any, diagnosis: Any) -> None:
         )
 
 
-def log_setup(dist: Any, precision: Any, blocks: list[str], micro: int, accumulation: int) -> None:
-    """The set-up's lines: processes, precision and why, checkpointed blocks, the batch."""
+def log_checkpointing(policy: Any, blocks: list[str], held: dict[str, int]) -> None:
+    """The blocks activation checkpointing recomputes and, as measured, the activation memory
+    they free against what the repeated blocks hold and what each other policy would free."""
+    if not blocks:
+        return
+    counted = f"{len(blocks)} block{'s' if len(blocks) != 1 else ''}"
+    freed = sum(held.get(name, 0) for name in blocks)
+    if not freed:
+        logging.getLogger("thrifty").info(
+            "activation checkpointing: %s (%s)", counted, ", ".join(blocks)
+        )
+        return
+    others = ", ".join(
+        f"{name} {fmt_bytes(size)}"
+        for name, size in policy_savings(list(held), held).items()
+        if name != policy
+    )
+    logging.getLogger("thrifty").info(
+        "activation checkpointing: %s (%s) recompute what holds %s of the %s the repeated "
+        "blocks save per micro-batch "
+        "(measured; %s)",
+        counted,
+        ", ".join(blocks),
+        fmt_bytes(freed),
+        fmt_bytes(sum(held.values())),
+        others,
+    )
+
+
+def log_setup(dist: Any, precision: Any, micro: int, accumulation: int) -> None:
+    """The set-up's lines: processes, precision and why, the batch."""
     log = logging.getLogger("thrifty")
     if dist.enabled:
         log.info(dist.describe())
     log.info("precision: %s (%s)", precision.name, precision.reason)
-    if blocks:
-        counted = f"{len(blocks)} block{'s' if len(blocks) != 1 else ''}"
-        log.info("activation checkpointing: %s (%s)", counted, ", ".join(blocks))
     processes = f" × {dist.world_size} processes" if dist.enabled else ""
     log.info(
         "batch: micro %d × %d accumulation steps%s = effective %d",
