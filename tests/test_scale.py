@@ -353,19 +353,10 @@ def test_bus_bandwidth_is_the_nccl_tests_bus_figure():
 def test_scale_runs_one_and_two_processes_end_to_end(tmp_path):
     # One thread per process at both counts: with cpus // N threads each (the default), a busy
     # 2-core machine can make the one-process baseline so slow that 2 processes look 2x better.
+    # Run once, for the JSON: the table the same report prints has its own test above.
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     base = [sys.executable, "-m", "thrifty", "scale", "examples/mlp.toml", "--nprocs", "1,2"]
     base += ["--steps", "6"]
-    text = subprocess.run(
-        [*base, "--out", str(tmp_path / "text")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert text.returncode == 0, text.stderr[-2000:]
-    assert [r[0] for r in table_rows(text.stdout)] == ["1", "2"]
     as_json = subprocess.run(
         [*base, "--out", str(tmp_path / "json"), "--json"],
         cwd=ROOT,
