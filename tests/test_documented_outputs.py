@@ -428,7 +428,7 @@ TUNE_STEPS, TUNE_TOKENS_PER_STEP = 300, 32 * 128  # examples/demo.toml: run.max_
 
 
 def tune_example_prices(lines: list[str]) -> tuple[list[str], str, list[str]]:
-    """What the planner makes of the README's measured `thrifty tune` trials: each trial row
+    """What the planner makes of docs/tune.md's measured `thrifty tune` trials: each trial row
     with its $/M tokens and job $ at the catalog's on-demand price, the spot note, and the
     waterfall's lines (spot lever from the catalog's spot price and the spot model)."""
     from thrifty.config import CostConfig
@@ -486,8 +486,8 @@ def _replace_last_two(line: str, *cells: str) -> str:
 
 
 def test_the_tune_example_prices_its_measured_trials_at_the_catalog_and_spot_model() -> None:
-    """README's `thrifty tune` example is measured (not run here); its dollars are not."""
-    block = _block_starting("$ python benchmarks/tune.py", ROOT / "README.md")
+    """docs/tune.md's `thrifty tune` example is measured (not run here); its dollars are not."""
+    block = _block_starting("$ python benchmarks/tune.py", ROOT / "docs" / "tune.md")
     assert block.marker and block.marker[0] == "not-run"
     lines = list(block.lines)
     rows, note, table = tune_example_prices(lines)
