@@ -35,6 +35,24 @@ def train_data(rows: int = 768, ms: float = 0.0) -> Table:
     return Table(rows, seed=1, ms=ms)
 
 
+class Stalling(Table):
+    """A loader that stalls on the rows from `start` to `stop`: `ms` of wall time each."""
+
+    def __init__(self, rows: int, ms: float, start: int, stop: int) -> None:
+        super().__init__(rows, seed=1)
+        self.stall = (ms, range(start, stop))
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ms, rows = self.stall
+        if i in rows:
+            time.sleep(ms / 1e3)
+        return self.x[i], self.y[i]
+
+
+def stalling_data(rows: int = 256, ms: float = 5.0, start: int = 64, stop: int = 128) -> Table:
+    return Stalling(rows, ms, start, stop)
+
+
 def val_data(rows: int = 768, ms: float = 0.0) -> Table:
     return Table(rows // 3, seed=2)
 

@@ -205,6 +205,7 @@ def test_a_cnn_recomputes_the_blocks_that_hold_the_most_activation_memory(caplog
         }
     )
     model = _ResNet()
+
     def loss_fn(logits: torch.Tensor, batch: list[torch.Tensor]) -> torch.Tensor:
         return torch.nn.functional.cross_entropy(logits, batch[1])
 

@@ -252,3 +252,67 @@ def test_a_change_below_a_millisecond_shows_in_its_figures():
 
     assert (ms(0.00044), ms(0.00036)) == ("0.44 ms", "0.36 ms")  # not "0.4 ms → ~0.4 ms"
     assert (ms(0.0123), ms(12.5)) == ("12.3 ms", "12.5 s")
+
+
+def test_a_busy_machine_is_named_in_one_line_and_a_quiet_one_is_not() -> None:
+    from thrifty.measure.diagnosis import busy_machine
+
+    assert busy_machine(_compute_heavy(load_per_cpu=1.0, steal_percent=0.5, step_swing=1.3)) is None
+    busy = diagnose(_compute_heavy(load_per_cpu=2.4, steal_percent=12.0, step_swing=30.0))
+    assert busy.busy == (
+        "the machine was busy (a load average of 2.4 threads per CPU, 12% of the CPU time "
+        "stolen by the hypervisor, steps 30x slower in one logging interval than in another): "
+        "other work took the run's CPU time, so these figures and this diagnosis measure the "
+        "machine as much as the run; measure again on a machine of its own"
+    )
+    assert busy.evidence[1] == busy.busy  # right after the bottleneck's reason
+    assert json.loads(json.dumps(busy.to_dict()))["busy"] == busy.busy
+    # Each sign alone is enough; a swing alone is not blamed on other work.
+    swung = busy_machine(_compute_heavy(step_swing=3.0)) or ""
+    assert swung.startswith(
+        "the throughput swung (steps 3x slower in one logging interval than in another): "
+    )
+    assert "1.6 threads per CPU" in (busy_machine(_compute_heavy(load_per_cpu=1.6)) or "")
+    assert "stolen" in (busy_machine(_compute_heavy(steal_percent=5.0)) or "")
+
+
+def test_the_swing_is_the_slowest_intervals_mean_step_over_the_fastests() -> None:
+    from thrifty.measure.spread import WindowSpread
+
+    spread = WindowSpread()
+    times: list[float] = []
+    assert spread.swing is None
+    for step_seconds in (0.01, 0.01, 0.30, 0.02):  # one interval of 2 steps each
+        times += [step_seconds, step_seconds]
+        spread.close_window({}, times)
+    assert spread.swing == pytest.approx(30.0)
+
+
+def test_a_run_whose_throughput_swings_says_so_in_its_diagnosis_and_at_its_end(
+    tmp_path, capsys
+) -> None:
+    """A real run whose loader stalls on a quarter of the data: the steps that draw those rows
+    are many times slower, and the run says so in one line where its diagnosis is shown and
+    at its end, as it would on a machine that other work shares. (System sampling is off: the
+    load average of the machine the test runs on is not the test's to set.)"""
+    from thrifty.cli import main
+
+    config = tmp_path / "job.toml"
+    config.write_text(
+        '[run]\nmax_steps = 12\nlog_every = 2\nprogress = "off"\ndevice = "cpu"\n'
+        '[precision]\nmode = "fp32"\n[batch]\nmicro = 16\neffective = 16\n'
+        '[data]\nnum_workers = 0\nshuffle = false\n[checkpoint]\nevery = "off"\nfinal = false\n'
+        '[spot]\nprovider = "none"\n[measure]\nsystem = false\n[task]\nmodel = "dist_task:model"\n'
+        'train_data = "dist_task:stalling_data"\noptimizer = "dist_task:sgd"\n'
+        'loss_fn = "dist_task:cross_entropy"\n'
+    )
+    assert main(["train", str(config), "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "the throughput swung" in line]
+    assert len(lines) == 2, out  # in the diagnosis's evidence, and the warning at the end
+    assert lines[0].startswith("  • the throughput swung (steps ")
+    assert lines[1].startswith("thrifty: warning: the throughput swung (steps ")
+    swing = int(lines[1].split("(steps ")[1].split("x slower")[0])
+    assert swing >= 10  # 16 rows × 5 ms against a step of a millisecond or two
+    diagnosis = json.loads((tmp_path / "run" / "diagnosis.json").read_text())
+    assert diagnosis["busy"] == lines[1].removeprefix("thrifty: warning: ")

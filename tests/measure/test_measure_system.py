@@ -57,6 +57,12 @@ def test_sampler_reports_mean_and_swing_of_cpu_and_ram_per_interval() -> None:
         assert summary[f"{metric}_std"] >= 0
     assert 0 <= summary["cpu_percent_mean"] <= 100
     assert summary["process_rss_gib_mean"] > 0
+    if sys.platform.startswith("linux"):  # the load average and steal time the busy line reads
+        import os
+
+        load = os.getloadavg()[0] / (os.cpu_count() or 1)
+        assert summary["load_per_cpu_mean"] == pytest.approx(load, abs=0.5)
+        assert 0 <= summary["steal_percent_mean"] <= 100
 
 
 def test_summary_starts_afresh_after_each_call() -> None:
@@ -200,6 +206,7 @@ def test_cpu_is_read_only_a_tenth_of_a_second_or_more_after_the_last_reading(mon
     readings = iter([0.0, 37.0, 41.0])  # the priming, then two real readings
     fake = types.SimpleNamespace(
         cpu_percent=lambda interval=None: next(readings),
+        cpu_times_percent=lambda interval=None: types.SimpleNamespace(steal=0.0),
         virtual_memory=lambda: types.SimpleNamespace(percent=50.0),
         Process=lambda: types.SimpleNamespace(memory_info=lambda: types.SimpleNamespace(rss=2**30)),
     )
@@ -222,3 +229,32 @@ def test_cpu_is_read_only_a_tenth_of_a_second_or_more_after_the_last_reading(mon
     assert sampler.sample_once()["cpu_percent"] == 41.0 and len(slept) == 1  # no wait needed
     summary = sampler.summary_and_reset()
     assert summary["cpu_percent_mean"] == 39.0 and summary["system_samples"] == 2
+
+
+def test_the_sampling_thread_primes_its_own_cpu_reading(monkeypatch):
+    """psutil keeps its last CPU reading per thread: the sampler was primed in the thread that
+    started it, so the sampling thread's first reading compared the CPU times with themselves
+    and said 0%, every short run's "CPU utilization 0% ± 0%"."""
+    import threading
+
+    seen: set[int] = set()
+
+    def per_thread(interval=None):  # psutil's behaviour: 0% at a thread's first reading
+        first = threading.get_ident() not in seen
+        seen.add(threading.get_ident())
+        return 0.0 if first else 63.0
+
+    fake = types.SimpleNamespace(
+        cpu_percent=per_thread,
+        cpu_times_percent=lambda interval=None: types.SimpleNamespace(steal=0.0),
+        virtual_memory=lambda: types.SimpleNamespace(percent=50.0),
+        Process=lambda: types.SimpleNamespace(memory_info=lambda: types.SimpleNamespace(rss=2**30)),
+    )
+    monkeypatch.setitem(sys.modules, "psutil", fake)
+    sampler = SystemSampler(gpu=False)
+    sampler._open_psutil()  # primed here, in the test's thread
+    read: list[float] = []
+    thread = threading.Thread(target=lambda: read.append(sampler.sample_once()["cpu_percent"]))
+    thread.start()
+    thread.join()
+    assert read == [63.0]

@@ -80,6 +80,11 @@ COMPUTE_BOUND_MFU = 0.30
 TINY_OP_SECONDS = 20e-6
 LOW_GPU_UTIL_PERCENT = 50.0
 SWING_STD_PERCENT = 25.0  # utilization std (percentage points) that counts as oscillating
+# A busy machine: more threads waiting to run than half again the CPUs, a hypervisor giving
+# the CPUs to other guests, or a logging interval's steps three times slower than another's.
+BUSY_LOAD_PER_CPU = 1.5
+BUSY_STEAL_PERCENT = 5.0
+BUSY_SWING = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +97,7 @@ class Diagnosis:
     breakdown: dict[str, float]
     mfu: float | None
     measured: Evidence | None = field(default=None, repr=False)
+    busy: str | None = None  # the line that names a busy machine, when it was one
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: bottleneck, evidence, recommendations, breakdown, mfu and the inputs."""
@@ -101,6 +107,7 @@ class Diagnosis:
             "recommendations": [asdict(r) for r in self.recommendations],
             "breakdown": dict(self.breakdown),
             "mfu": self.mfu,
+            "busy": self.busy,
         }
         if self.measured is not None:
             measured = asdict(self.measured)
@@ -119,14 +126,49 @@ def diagnose(evidence: Evidence) -> Diagnosis:
     shares = evidence.breakdown()
     bottleneck, reason = _classify(evidence, shares)
     recommendations = recommend(evidence, shares, bottleneck)
+    busy = busy_machine(evidence)
     return Diagnosis(
         bottleneck=bottleneck,
-        evidence=[reason, *_facts(evidence, shares), *_lever_facts(evidence, bottleneck)],
+        evidence=[
+            reason,
+            *([busy] if busy else []),
+            *_facts(evidence, shares),
+            *_lever_facts(evidence, bottleneck),
+        ],
         recommendations=recommendations,
         breakdown=shares,
         mfu=evidence.mfu,
         measured=evidence,
+        busy=busy,
     )
+
+
+def busy_machine(e: Evidence) -> str | None:
+    """One line that names a busy machine (the load above the CPUs, steal time) or a throughput
+    that swings between logging intervals, or None. Either skews every figure of the run, and
+    the bottleneck the diagnosis finds may be the machine's, not the run's."""
+    shared = []
+    if e.load_per_cpu is not None and e.load_per_cpu > BUSY_LOAD_PER_CPU:
+        shared.append(f"a load average of {e.load_per_cpu:.1f} threads per CPU")
+    if e.steal_percent is not None and e.steal_percent >= BUSY_STEAL_PERCENT:
+        shared.append(f"{e.steal_percent:.0f}% of the CPU time stolen by the hypervisor")
+    swing = []
+    if e.step_swing is not None and e.step_swing >= BUSY_SWING:
+        swing.append(f"steps {e.step_swing:.0f}x slower in one logging interval than in another")
+    if shared:
+        return (
+            f"the machine was busy ({', '.join(shared + swing)}): other work took the run's CPU "
+            "time, so these figures and this diagnosis measure the machine as much as the run; "
+            "measure again on a machine of its own"
+        )
+    if swing:
+        return (
+            f"the throughput swung ({swing[0]}): something took the run's time in bursts (other "
+            "work on the machine, a loader that stalls, a throttled clock), so these figures "
+            "are means over unlike intervals and this diagnosis may blame the wrong part; "
+            "measure again on a quiet machine"
+        )
+    return None
 
 
 # --- classification ---------------------------------------------------------------------------

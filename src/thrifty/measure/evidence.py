@@ -119,6 +119,9 @@ class Evidence:
     gpu_util_std: float | None = None
     cpu_util_mean: float | None = None  # percent of all CPUs
     cpu_util_std: float | None = None
+    load_per_cpu: float | None = None  # the machine's mean 1-minute load average per CPU
+    steal_percent: float | None = None  # mean CPU time a hypervisor gave to other guests
+    step_swing: float | None = None  # slowest logging interval's mean step ÷ the fastest's
     # Several ranks: each rank's own work per step (thrifty.measure.stragglers), rank order.
     rank_work_seconds: tuple[float, ...] | None = None
     straggler: Straggler | None = None  # the rank the others waited for, if one was

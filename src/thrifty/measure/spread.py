@@ -52,6 +52,8 @@ class WindowSpread:
         self._steps = 0
         self._stats: dict[str, _WeightedStats] = {}
         self.windows = 0  # intervals with at least one counted step
+        self.fastest = math.inf  # the lowest and highest mean step (seconds) of an interval
+        self.slowest = 0.0
 
     def close_window(self, phase_totals: Mapping[str, float], step_times: Sequence[float]) -> None:
         """Close an interval. `phase_totals`: seconds per phase summed over every counted step
@@ -66,6 +68,15 @@ class WindowSpread:
             self._stats.setdefault(name, _WeightedStats()).add(mean, n)
         self._totals, self._steps = dict(phase_totals), steps
         self.windows += 1
+        self.fastest = min(self.fastest, means["step"])
+        self.slowest = max(self.slowest, means["step"])
+
+    @property
+    def swing(self) -> float | None:
+        """The slowest interval's mean step over the fastest's (two intervals or more)."""
+        if self.windows < 2 or not self.fastest > 0:
+            return None
+        return self.slowest / self.fastest
 
     def spread(self, step_times: Sequence[float]) -> dict[str, float] | None:
         """Seconds of noise per figure (each phase, and "step"), or None with no way to tell

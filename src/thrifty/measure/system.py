@@ -43,8 +43,11 @@ MIN_CPU_WINDOW_SECONDS = 0.1  # psutil's cpu_percent needs this much time betwee
 class SystemSampler:
     """Samples system metrics every `interval_seconds` in a daemon thread.
 
-    Metrics (whichever are available): `cpu_percent` (all CPUs, 0–100), `ram_percent` (system
-    memory in use), `process_rss_gib` (this process's resident memory), `gpu_util_percent`
+    Metrics (whichever are available): `cpu_percent` (all CPUs, 0–100), `load_per_cpu` (the
+    1-minute load average over the machine's CPUs: above 1, more threads want to run than there
+    are CPUs), `steal_percent` (time a hypervisor gave this VM's CPUs to other guests, Linux),
+    `ram_percent` (system memory in use), `process_rss_gib` (this process's resident memory),
+    `gpu_util_percent`
     (share of time a kernel ran), `gpu_memory_used_gib`, `gpu_power_watts`.
 
     `gpu`: None samples the GPU when NVML finds one and says once why not otherwise; False never
@@ -82,6 +85,7 @@ class SystemSampler:
         self._psutil: Any = None
         self._process: Any = None
         self._cpu_since = 0.0  # when psutil's CPU times were last read (time.monotonic)
+        self._primed: set[int] = set()  # the threads psutil has a first CPU reading of
         self._nvml: Any = None
         self._handle: Any = None
         self._gpu_readers: dict[str, Callable[[], float]] = {}
@@ -181,8 +185,15 @@ class SystemSampler:
             )
             return
         self._process = self._psutil.Process()
-        self._psutil.cpu_percent(interval=None)  # the first reading is meaningless: prime it
+        self._prime_cpu()
+
+    def _prime_cpu(self) -> None:
+        """psutil's CPU percentages compare the CPU times with its last reading *in the same
+        thread*; the first reading of a thread has none and says 0%. Read once to start."""
+        self._psutil.cpu_percent(interval=None)
+        self._psutil.cpu_times_percent(interval=None)
         self._cpu_since = time.monotonic()
+        self._primed.add(threading.get_ident())
 
     def _open_nvml(self) -> None:
         try:
@@ -237,15 +248,23 @@ class SystemSampler:
             "ram_percent": float(self._psutil.virtual_memory().percent),
             "process_rss_gib": self._process.memory_info().rss / 2**30,
         }
-        # psutil compares CPU times with its last reading: less than a tenth of a second after
-        # it (the thread's first sample follows the priming at once) it reads 0%, which is no
-        # measurement, and a short run's "CPU utilization 0% ± 0%" came from it. The sampling
-        # thread waits out the rest of that tenth instead.
+        # psutil compares CPU times with its last reading in this thread: the sampling thread's
+        # first sample had none (the priming ran in the thread that started the sampler) and
+        # read 0%, and so does a reading less than a tenth of a second after the last: a short
+        # run's "CPU utilization 0% ± 0%" came from both. Prime this thread, and wait out the
+        # rest of that tenth.
+        if threading.get_ident() not in self._primed:
+            self._prime_cpu()
         wait = MIN_CPU_WINDOW_SECONDS - (time.monotonic() - self._cpu_since)
         if wait > 0:
             time.sleep(wait)
         values["cpu_percent"] = float(self._psutil.cpu_percent(interval=None))
+        steal = getattr(self._psutil.cpu_times_percent(interval=None), "steal", None)
         self._cpu_since = time.monotonic()
+        if steal is not None:
+            values["steal_percent"] = float(steal)
+        if hasattr(os, "getloadavg"):
+            values["load_per_cpu"] = os.getloadavg()[0] / (os.cpu_count() or 1)
         return values
 
     def _sample_gpu(self) -> dict[str, float]:

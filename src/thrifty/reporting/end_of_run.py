@@ -165,6 +165,8 @@ def show_result(result: Any, diagnosis: Any) -> None:
     status = getattr(result, "checkpoint", None)
     if status and status.get("location") and not status.get("uploaded"):
         print(f"thrifty: warning: {local_only_message(status)}")
+    if diagnosis is not None and diagnosis.busy:
+        print(f"thrifty: warning: {diagnosis.busy}")
     if result.stop_reason == StopReason.PREEMPTED:
         print(
             f"thrifty: preempted at step {result.steps}; checkpoint saved, run the same command "
