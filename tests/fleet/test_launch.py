@@ -231,9 +231,17 @@ def test_the_cost_printed_is_the_planners_estimate(project, capsys):
     assert code == 0
     instance = load_catalog().instance("p5.48xlarge")  # the cheapest 8 x H100 with spot
     planned = estimate(7e9, 140e9, instance=instance, count=2, dtype="bf16")
-    assert f"on-demand  ${planned.cost['on-demand']:,.2f}" in out
-    assert f"spot       ${planned.cost['spot']:,.2f} uninterrupted" in out
-    assert "expected   $" in out and "on spot with interruptions" in out
+    # Each of the three with the final save (60 s), as the expected cost on spot has it.
+    save_hours = 60 / 3600
+    on_demand = planned.cost["on-demand"] + planned.price_per_hour["on-demand"] * save_hours
+    spot = planned.cost["spot"] + planned.price_per_hour["spot"] * save_hours
+    assert f"on-demand  ${on_demand:,.2f} ($110.08/h, with the final 60 s save)" in out
+    assert f"spot       ${spot:,.2f} uninterrupted ($40.41/h, with the final 60 s save)" in out
+    (expected,) = [line for line in out.splitlines() if line.startswith("  expected   $")]
+    assert float(expected.split("$")[1].split()[0].replace(",", "")) > spot
+    # Priced as the run saves: Young/Daly's optimum for so rare an interruption is hours apart,
+    # checkpoint.max_interval (30 minutes) caps it.
+    assert expected.endswith("a checkpoint every 30 min")
     assert out.index("Cost") < out.index("--- demo.sky.yaml")
 
 

@@ -10,6 +10,7 @@ USD per hour.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -211,14 +212,20 @@ def _spot(
     else:
         rate = interruption_rate(rate_per_hour=given)
     assert found.spot_per_hour is not None  # the caller checked
+    price = functools.partial(
+        spot_economics,
+        est.hours,
+        on_demand_per_hour=found.on_demand_per_hour * nodes,
+        spot_per_hour=found.spot_per_hour * nodes,
+        rate_per_hour=rate,
+        instances=nodes,  # any one interrupted stops the job
+    )
+    cap = config.checkpoint.max_interval_seconds
     try:
-        plan = spot_economics(
-            est.hours,
-            on_demand_per_hour=found.on_demand_per_hour * nodes,
-            spot_per_hour=found.spot_per_hour * nodes,
-            rate_per_hour=rate,
-            instances=nodes,  # any one interrupted stops the job
-        )
+        plan = price()
+        if config.checkpoint.every == "auto" and plan.interval_seconds > cap:
+            # The run saves at least every checkpoint.max_interval: priced as it will run.
+            plan = price(interval_seconds=cap)
     except ThriftyError as exc:
         return None, f"no spot estimate: {exc}"
     return plan, (
@@ -240,13 +247,19 @@ def cost_lines(cost: FleetCost) -> list[str]:
             f"  hardware   {est.gpus} x {est.gpu} ({where}), {est.dtype} at {est.mfu:.0%} MFU",
             f"  time       {_duration(est.hours * 3600)} of work",
         ]
+        if cost.spot is not None:  # all three with the final save, as the expected cost has it
+            on_demand = cost.spot.on_demand_cost
+            spot = cost.spot.spot_per_hour * cost.spot.on_demand_hours
+        saved = f", with the final {cost.spot.save_seconds:g} s save" if cost.spot else ""
         if on_demand is not None:
             lines.append(
-                f"  on-demand  {fmt_usd(on_demand)} (${est.price_per_hour['on-demand']:,.2f}/h)"
+                f"  on-demand  {fmt_usd(on_demand)} (${est.price_per_hour['on-demand']:,.2f}/h"
+                f"{saved})"
             )
         if spot is not None:
             lines.append(
-                f"  spot       {fmt_usd(spot)} uninterrupted (${est.price_per_hour['spot']:,.2f}/h)"
+                f"  spot       {fmt_usd(spot)} uninterrupted (${est.price_per_hour['spot']:,.2f}/h"
+                f"{saved})"
             )
     if cost.spot is not None:
         s = cost.spot
