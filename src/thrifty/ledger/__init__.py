@@ -1,0 +1,34 @@
+"""The team's ledger: every thrifty run under some folders (or in a bucket), one row a job.
+
+A run directory is one machine's view of a job: what it trained, the seconds it was billed,
+the work a preemption threw away, and what a stop before the budget saved. A job relaunched
+on other machines (SkyPilot, Slurm) leaves one run directory on each; they share the
+checkpoint location, which is how the ledger puts them back together as one row with their
+costs summed. Beside compute, checkpoints kept in a bucket cost money every month: the ledger
+counts their bytes and prices them from the catalog.
+
+Cheap to import (no torch): `thrifty runs` and `thrifty report` read run directories only.
+
+- `attempt`: one run directory read into an `Attempt` (records, price, state, what it saved).
+- `finding`: the runs, sweeps and tunes under the folders given.
+- `jobs`: attempts that share a checkpoint location joined into one `Job`, their dollars summed.
+- `bucket`: the checkpoint locations under an s3:// or gs:// prefix, read from their manifests.
+- `groups`: totals, `--by month|config|sweep`, `--since`.
+- `case_study`: the seeds' case-study table laid out from the team's own runs.
+- `lifecycle`: the bucket lifecycle rules that expire superseded checkpoints.
+"""
+
+from __future__ import annotations
+
+from thrifty.lazy import lazy_exports
+
+_EXPORTS = {
+    "Attempt": "thrifty.ledger.attempt",
+    "Job": "thrifty.ledger.jobs",
+    "Ledger": "thrifty.ledger.book",
+    "read_ledger": "thrifty.ledger.book",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
