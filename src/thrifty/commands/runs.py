@@ -94,7 +94,12 @@ def run_runs_command(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(_as_json(ledger, groups, study, article, lifecycle)))
         return 0
-    _print(console(), ledger, groups, study, article, lifecycle)
+    from thrifty.ledger.tables import WIDTH
+
+    out = console()
+    if not out.is_terminal:
+        out.width = WIDTH
+    _print(out, ledger, groups, study, article, lifecycle)
     return 0
 
 
@@ -135,15 +140,15 @@ def _print(out: Any, ledger: Any, groups: list, study: Any, article: Any, lifecy
 
     out.print(runs_table(ledger.jobs, groups))
     for line in storage_lines(ledger):
-        out.print(line, markup=False)
+        out.print(line, markup=False, soft_wrap=True)
     if study is not None:
         out.print(case_table(study, article))
         for line in case_lines(study, article):
-            out.print(line, markup=False)
+            out.print(line, markup=False, soft_wrap=True)
     elif article is not None:
         out.print("case study: no run has a price ([cost]): nothing to lay out", markup=False)
     for item in lifecycle:
-        out.print(item["summary"], markup=False)
+        out.print(item["summary"], markup=False, soft_wrap=True)
         if item.get("file") is None:
             out.print(item["text"], markup=False, soft_wrap=True)
 
@@ -154,8 +159,7 @@ def _lifecycle(ledger: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     from thrifty.ledger.lifecycle import apply_command, configuration, plan
     from thrifty.ledger.tables import fmt_bytes
 
-    keep = {j.location: int(j.last.config.get("checkpoint", {}).get("keep_last") or 2) for j in ledger.jobs}
-    plans = plan(list(ledger.locations.values()), args.lifecycle, keep)
+    plans = plan(list(ledger.locations.values()), args.lifecycle)
     if not plans:
         raise ThriftyError(
             "--lifecycle: none of these runs keeps its checkpoints in a bucket (s3://, gs://): "

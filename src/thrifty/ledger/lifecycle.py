@@ -31,6 +31,7 @@ from thrifty.ledger.locations import Location
 
 S3_MAX_RULES = 1000  # S3 refuses a configuration of more rules
 RULE_MARK = "thrifty-"  # every rule ID thrifty writes starts with it
+KEEP = 2  # newest published checkpoints kept: what checkpoint.keep_last's floor keeps
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +49,12 @@ class Plan:
     keep_bytes: int
 
 
-def plan(locations: Sequence[Location], days: int, keep: Mapping[str, int]) -> list[Plan]:
+def plan(locations: Sequence[Location], days: int, keep: Mapping[str, int] | None = None) -> list[Plan]:
     """One plan per bucket among `locations` (local ones have no lifecycle: left out).
-    `keep`: how many newest published checkpoints each location keeps (by its URL; 2 where
-    not given)."""
+    `keep`: how many newest published checkpoints a location keeps, by its URL (KEEP where
+    not given: the newest, which is the final one of a finished run, and the one resume
+    falls back to)."""
+    keep = keep or {}
     if not isinstance(days, int) or days < 1:
         raise ThriftyError(f"--lifecycle {days!r} is invalid: give a whole number of days, 1 or more")
     buckets: dict[tuple[str, str], list[Location]] = {}
@@ -73,7 +76,7 @@ def _bucket_plan(
     for location in locations:
         _, prefix = location.bucket_and_prefix
         roots.append(prefix)
-        newest = set(location.published[-max(2, keep.get(location.url, 2)) :])
+        newest = set(location.published[-max(KEEP, keep.get(location.url, KEEP)) :])
         for step, checkpoint in sorted(location.checkpoints.items()):
             folder = f"{prefix}{checkpoint.keys[0].split('/', 1)[0]}/"
             if step in newest or step > max(newest, default=-1):

@@ -22,10 +22,11 @@ if TYPE_CHECKING:
     from rich.table import Table as RichTable
 
 COLUMNS = (
-    "run", "start", "state", "steps", "wall", "GPU-h", "USD", "thrown away", "saved",
+    "run", "start", "state", "steps", "wall", "GPU-h", "paid", "USD", "thrown away", "saved",
     "levers", "kept", "$/month",
 )  # fmt: skip
 _RIGHT = {"steps", "wall", "GPU-h", "USD", "thrown away", "saved", "levers", "kept", "$/month"}
+WIDTH = 160  # the table's width off a terminal (a pipe, a file)
 
 
 def fmt_usd(usd: float | None) -> str:
@@ -73,12 +74,6 @@ def display_name(job: Job, names: Sequence[str]) -> str:
     return job.name
 
 
-def _saved_text(job: Job) -> str:
-    if job.saved is None:
-        return "-"
-    return f"{fmt_usd(job.saved.usd)} ({job.saved.by})"
-
-
 def _row(job: Job, names: Sequence[str]) -> list[str]:
     wasted = job.wasted_usd
     return [
@@ -88,9 +83,10 @@ def _row(job: Job, names: Sequence[str]) -> list[str]:
         f"{job.steps:,}",
         fmt_seconds(job.seconds),
         f"{job.gpu_hours:.3g}",
-        f"{fmt_usd(job.usd)} {job.pricing}" if job.usd is not None else "-",
+        job.pricing,
+        fmt_usd(job.usd),
         fmt_usd(wasted) if wasted else "-",
-        _saved_text(job),
+        fmt_usd(job.saved.usd) if job.saved is not None else "-",
         fmt_usd(sum(job.levers.values())) if job.levers else "-",
         fmt_bytes(job.bytes),
         fmt_usd(job.storage_usd_month) if job.storage_usd_month is not None else "-",
@@ -105,6 +101,7 @@ def _total_row(t: Total) -> list[str]:
         "",
         fmt_seconds(t.seconds),
         f"{t.gpu_hours:.3g}",
+        "",
         fmt_usd(t.usd),
         fmt_usd(t.wasted_usd) if t.wasted_usd else "-",
         fmt_usd(t.saved_usd) if t.saved_usd else "-",
@@ -118,7 +115,9 @@ def runs_table(jobs: Sequence[Job], groups: Sequence[Total] = ()) -> RichTable:
     """One row a job (sweeps' trials together), then each group's total and the total."""
     table = Table(title=f"thrifty runs: {len(jobs)} run(s)")
     for column in COLUMNS:
-        table.add_column(column, justify="right" if column in _RIGHT else "left")
+        table.add_column(
+            column, justify="right" if column in _RIGHT else "left", no_wrap=column != "run"
+        )
     names = [j.name for j in jobs]
     for job in sorted(jobs, key=lambda j: (j.sweep or "", j.started)):
         table.add_row(*_row(job, names))
