@@ -124,15 +124,23 @@ def _speedups(jobs: Sequence[Job]) -> tuple[dict[str, float], int]:
     hours = sum(j.seconds for j in jobs) or 1.0
     measured = [j for j in jobs if j.levers]
     names = [n for j in measured for n in j.levers]
-    speedups = {}
-    for name in dict.fromkeys(names):
-        weighted = 0.0
-        for job in jobs:
-            saved = job.levers.get(name, 0.0)
-            ratio = 1.0 + saved / job.usd if job.usd else 1.0
-            weighted += job.seconds * ratio
-        speedups[name] = weighted / hours
+    ratios = [_ratios(job) for job in jobs]
+    speedups = {
+        name: sum(job.seconds * r.get(name, 1.0) for job, r in zip(jobs, ratios)) / hours
+        for name in dict.fromkeys(names)
+    }
     return speedups, len(measured)
+
+
+def _ratios(job: Job) -> dict[str, float]:
+    """The speed-up of each lever a job's dollars were saved by, undone in reverse order
+    (each lever's saving is against the cost after the levers before it)."""
+    ratios, after = {}, job.usd or 0.0
+    for name, saved in reversed(list(job.levers.items())):
+        before = after + saved
+        ratios[name] = before / after if after else 1.0
+        after = before
+    return ratios
 
 
 def _fraction_run(stopped: Sequence[Job]) -> float:
