@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from run_dir_helpers import job
 from test_guard_in_training import Linear, config, regression
 from thrifty import Trainer
 from thrifty.cli import main
@@ -47,44 +48,24 @@ def forecast_run(out: Path) -> None:
     assert Trainer(Linear(), train, cfg, val_data=val).fit().stop_reason == "forecast"
 
 
-JOB = """[run]
-name = "killed"
-max_steps = 100000
-log_every = 1
-progress = "off"
-[batch]
-micro = 4
-[data]
-num_workers = 0
-[schedule]
-decay = "constant"
-[checkpoint]
-every = 40
-[spot]
-provider = "none"
-[log]
-report = false
-[cost]
-usd_per_gpu_hour = 3.0
-pricing = "spot"
-on_demand_usd_per_gpu_hour = 9.0
-[task]
-model = "thrifty.demo:build_model"
-train_data = "thrifty.demo:train_dataset"
-model_args = { n_layer = 1, n_head = 2, n_embd = 16, block_size = 16 }
-data_args = { block_size = 16, max_bytes = 20000 }
-"""
+def killed_job(folder: Path) -> Path:
+    """The tiny demo job of the run directory tests, with no budget to speak of, a checkpoint
+    every 40 steps and PRICE."""
+    config = job(folder, steps=100000)
+    text = config.read_text().replace('every = "off"', "every = 40").replace("report = true", "report = false")
+    price = "".join(f"{k} = {json.dumps(v)}\n" for k, v in PRICE.items())
+    config.write_text(f'{text}[cost]\n{price}'.replace("[run]\n", '[run]\nname = "killed"\n'))
+    return config
 
 
 def killed_and_resumed(folder: Path) -> list[dict]:
     """`thrifty train` SIGKILLed some steps past its checkpoint at step 40, then the same
     command (with a budget just past where it died) resumes it. Returns the killed attempt's
     metrics as it left them."""
-    job = folder.parent / "killed.toml"
-    job.write_text(JOB)
+    job_file = killed_job(folder.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     child = subprocess.Popen(
-        [sys.executable, "-m", "thrifty", "train", str(job), "--out", str(folder)],
+        [sys.executable, "-m", "thrifty", "train", str(job_file), "--out", str(folder)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 120
@@ -96,7 +77,7 @@ def killed_and_resumed(folder: Path) -> list[dict]:
     child.wait()
     left = read_metrics(folder / "metrics.jsonl")
     last = max(r["step"] for r in left if "loss" in r)
-    assert main(["train", str(job), "--out", str(folder), "--steps", str(last + 3)]) == 0
+    assert main(["train", str(job_file), "--out", str(folder), "--steps", str(last + 3)]) == 0
     return left
 
 

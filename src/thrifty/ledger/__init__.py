@@ -19,16 +19,3 @@ Cheap to import (no torch): `thrifty runs` and `thrifty report` read run directo
 """
 
 from __future__ import annotations
-
-from thrifty.lazy import lazy_exports
-
-_EXPORTS = {
-    "Attempt": "thrifty.ledger.attempt",
-    "Job": "thrifty.ledger.jobs",
-    "Ledger": "thrifty.ledger.book",
-    "read_ledger": "thrifty.ledger.book",
-}
-
-__all__ = sorted(_EXPORTS)
-
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -126,7 +126,7 @@ def _speedups(jobs: Sequence[Job]) -> tuple[dict[str, float], int]:
     names = [n for j in measured for n in j.levers]
     ratios = [_ratios(job) for job in jobs]
     speedups = {
-        name: sum(job.seconds * r.get(name, 1.0) for job, r in zip(jobs, ratios)) / hours
+        name: sum(job.seconds * r.get(name, 1.0) for job, r in zip(jobs, ratios, strict=True)) / hours
         for name in dict.fromkeys(names)
     }
     return speedups, len(measured)

@@ -57,13 +57,13 @@ def find(paths: Sequence[str]) -> Found:
             raise ThriftyError(f"{given} does not exist: {WHAT_TO_GIVE}")
         if not root.is_dir():
             raise ThriftyError(f"{given} is not a folder: {WHAT_TO_GIVE}")
-        for folder, group in _run_folders(root, None):
+        for folder, group in run_folders(root, None):
             _read_into(found, folder, group)
     found.tunes = find_tunes(paths)
     return found
 
 
-def _run_folders(root: Path, group: str | None) -> Iterator[tuple[Path, str | None]]:
+def run_folders(root: Path, group: str | None = None) -> Iterator[tuple[Path, str | None]]:
     """Each run directory under `root` (itself included) with the sweep or tune it belongs to;
     tunes are reported through `_tune_folders`."""
     if any((root / name).is_file() for name in RUN_FILES):
@@ -77,7 +77,7 @@ def _run_folders(root: Path, group: str | None) -> Iterator[tuple[Path, str | No
     except OSError:
         return
     for child in children:
-        yield from _run_folders(child, group)
+        yield from run_folders(child, group)
 
 
 def _read_into(found: Found, folder: Path, group: str | None) -> None:

@@ -45,11 +45,9 @@ def fmt_bytes(size: int | None) -> str:
 
 
 def fmt_seconds(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds:.1f} s"
+    """Hours, minutes or seconds, whichever the figure is at least one of."""
+    size, unit = next(((s, u) for s, u in ((3600, "h"), (60, "min")) if seconds >= s), (1, "s"))
+    return f"{seconds / size:.1f} {unit}"
 
 
 def state_text(job: Job) -> str:
