@@ -12,8 +12,11 @@ Cheap to import (no torch): `thrifty runs` and `thrifty report` read run directo
 - `attempt`: one run directory read into an `Attempt` (records, price, state, what it saved).
 - `finding`: the runs, sweeps and tunes under the folders given.
 - `jobs`: attempts that share a checkpoint location joined into one `Job`, their dollars summed.
-- `bucket`: the checkpoint locations under an s3:// or gs:// prefix, read from their manifests.
-- `groups`: totals, `--by month|config|sweep`, `--since`.
+- `locations`: what a checkpoint location keeps (bytes, checkpoints, lease), and the
+  locations under an s3:// or gs:// prefix, read from their listing and manifests.
+- `book`: `read_ledger`, all of the above for the paths given, with tune savings.
+- `groups`: totals, `--by month|config|sweep`, each row as data.
+- `tables`: the ledger printed.
 - `case_study`: the seeds' case-study table laid out from the team's own runs.
 - `lifecycle`: the bucket lifecycle rules that expire superseded checkpoints.
 """
