@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "thrifty.commands.tune",
     "thrifty.commands.sweep",
     "thrifty.commands.report",
+    "thrifty.commands.runs",
     "thrifty.commands.launch",
 )
 

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.errors import ConfigError, ThriftyError
-from thrifty.plan.catalog_file import DTYPES, PRICE_FIELDS, CatalogError, Row, Where, read_rows
+from thrifty.plan.catalog_file import (
+    DTYPES,
+    KINDS,
+    PRICE_FIELDS,
+    CatalogError,
+    Row,
+    Where,
+    read_rows,
+)
 
 BUILTIN_PATH = Path(__file__).with_name("catalog.toml")
 ENV_VAR = "THRIFTY_CATALOG"
@@ -28,6 +36,7 @@ __all__ = [
     "Catalog",
     "CatalogError",
     "Instance",
+    "StoragePrice",
     "UnknownNameError",
     "load_catalog",
 ]
@@ -135,6 +144,33 @@ class Instance:
         return min(self.gpu.nvlink_domain, self.gpu_count)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoragePrice:
+    """What an object store charges to keep data: USD per GiB (2**30 bytes) per month, at the
+    first tier of `storage_class` in `region`. `protocols` are the URL schemes it serves
+    (s3, gs), which is how a checkpoint location finds its price."""
+
+    name: str
+    provider: str
+    region: str
+    storage_class: str
+    protocols: tuple[str, ...]
+    usd_per_gib_month: float
+    price_source: str
+    price_date: str
+    tier_note: str = ""
+    price_note: str = ""
+    uncertain: tuple[str, ...] = ()
+
+    def usd_per_month(self, size_bytes: float) -> float:
+        """USD per month to keep `size_bytes` bytes (first-tier price)."""
+        return size_bytes / 2**30 * self.usd_per_gib_month
+
+    @property
+    def dated_source(self) -> str:
+        return f"{self.price_source}, {self.price_date}"
+
+
 @dataclass(frozen=True, slots=True)
 class Catalog:
     """GPUs and instances by name; lookups ignore case and accept GPU aliases."""
@@ -142,6 +178,13 @@ class Catalog:
     gpus: dict[str, GPU]
     instances: dict[str, Instance]
     files: tuple[str, ...] = field(default=())
+    storage: dict[str, StoragePrice] = field(default_factory=dict)
+
+    def storage_price(self, protocol: str) -> StoragePrice | None:
+        """The first storage row serving URLs of `protocol` (s3, gs, ...); None where none
+        does (a local disk, memory://)."""
+        key = protocol.casefold()
+        return next((s for s in self.storage.values() if key in s.protocols), None)
 
     def gpu(self, name: str | GPU) -> GPU:
         """The GPU called `name` (or one of its aliases); raises with suggestions if unknown."""
@@ -206,7 +249,7 @@ def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
     user = path if path is not None else os.environ.get(ENV_VAR) or None
     if user is not None:
         user_rows = read_rows(os.fspath(user))
-        for kind in ("gpu", "instance"):
+        for kind in KINDS:
             rows[kind] = {**rows[kind], **user_rows[kind]}
         files.append(os.fspath(user))
     return _build(rows, files)
@@ -217,11 +260,28 @@ def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
 
 def _build(rows: dict[str, dict[str, Row]], files: list[str]) -> Catalog:
     gpus = {row.values["name"]: _gpu(row.values) for row in rows["gpu"].values()}
-    catalog = Catalog(gpus=gpus, instances={}, files=tuple(files))
+    storage = {row.values["name"]: _storage(row.values) for row in rows["storage"].values()}
+    catalog = Catalog(gpus=gpus, instances={}, files=tuple(files), storage=storage)
     for row in rows["instance"].values():
         instance = _instance(row, catalog)
         catalog.instances[instance.name] = instance
     return catalog
+
+
+def _storage(values: dict[str, Any]) -> StoragePrice:
+    return StoragePrice(
+        name=values["name"],
+        provider=values["provider"],
+        region=values["region"],
+        storage_class=values["storage_class"],
+        protocols=tuple(p.casefold() for p in values["protocols"]),
+        usd_per_gib_month=float(values["usd_per_gib_month"]),
+        price_source=values["price_source"],
+        price_date=values["price_date"],
+        tier_note=values.get("tier_note", ""),
+        price_note=values.get("price_note", ""),
+        uncertain=tuple(values.get("uncertain", ())),
+    )
 
 
 def _gpu(values: dict[str, Any]) -> GPU:

@@ -106,7 +106,22 @@ _INSTANCE_FIELDS = {
     "uncertain": (_STRS, False),
     "untraced": (_STRS, False),
 }
-_FIELDS = {"gpu": _GPU_FIELDS, "instance": _INSTANCE_FIELDS}
+# Object storage, for the checkpoints a run keeps in a bucket (thrifty runs): USD per GiB-month.
+_STORAGE_FIELDS = {
+    "name": (_STR, True),
+    "provider": (_STR, True),
+    "region": (_STR, True),
+    "storage_class": (_STR, True),
+    "protocols": (_STRS, True),
+    "usd_per_gib_month": (_NUM, True),
+    "tier_note": (_STR, False),
+    "price_source": (_STR, True),
+    "price_date": (_STR, True),
+    "price_note": (_STR, False),
+    "uncertain": (_STRS, False),
+}
+KINDS = ("gpu", "instance", "storage")
+_FIELDS = {"gpu": _GPU_FIELDS, "instance": _INSTANCE_FIELDS, "storage": _STORAGE_FIELDS}
 
 
 def _parse_file(path: str) -> dict[str, dict[str, Row]]:
@@ -121,15 +136,15 @@ def _parse_file(path: str) -> dict[str, dict[str, Row]]:
     except ValueError as exc:  # tomllib.TOMLDecodeError
         raise CatalogError(f"{path}: malformed TOML: {exc}") from None
     for key in data:
-        if key not in ("schema", "gpu", "instance"):
+        if key not in ("schema", *KINDS):
             line = _top_level_line(text, key)
             raise CatalogError(
                 f"{path} line {line}: unknown top-level key {key!r}; "
-                "expected [[gpu]] or [[instance]] tables"
+                "expected [[gpu]], [[instance]] or [[storage]] tables"
             )
     locations = _locate_tables(text)
-    rows: dict[str, dict[str, Row]] = {"gpu": {}, "instance": {}}
-    for kind in ("gpu", "instance"):
+    rows: dict[str, dict[str, Row]] = {kind: {} for kind in KINDS}
+    for kind in KINDS:
         tables = data.get(kind, [])
         if not isinstance(tables, list):
             raise CatalogError(

@@ -61,13 +61,30 @@ def render_report(
             f"{len(paths)} runs given and no --out: a report of several runs needs --out FILE "
             "(e.g. --out compare.html)"
         )
-    items = unique_names([load(p) for p in paths])
+    items = unique_names([load(p) for p in expand(paths)])
     target = Path(out) if out is not None else Path(paths[0]) / REPORT_NAME
     check_target(target, given=out is not None, overwrite=overwrite)
     for item in items:
         for note in item.notes if isinstance(item, Run | Sweep) else ():
             log.warning("%s", note)
     return write_html(render_page(items), target)
+
+
+def expand(paths: Sequence[str | os.PathLike[str]]) -> list[str | os.PathLike[str]]:
+    """`paths`, each folder of runs (one that is not itself a run, a tune or a sweep) replaced
+    by the run directories under it: `thrifty report runs/` reports the team's runs."""
+    from thrifty.ledger.finding import run_folders
+
+    expanded: list[str | os.PathLike[str]] = []
+    for path in paths:
+        folder = Path(path)
+        own = ("metrics.jsonl", "config.toml", "tune.json", "sweep.json")
+        if not folder.is_dir() or any((folder / name).exists() for name in own):
+            expanded.append(path)
+            continue
+        found = [str(run) for run, _ in run_folders(folder)]
+        expanded += found or [path]
+    return expanded
 
 
 def check_target(out: Path, *, given: bool, overwrite: bool) -> None:

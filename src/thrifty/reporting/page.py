@@ -39,6 +39,7 @@ TITLES = {
     "tune": "Tuning trials",
     "waterfall": "Waterfall",
     "compare": "Runs compared",
+    "ledger": "Ledger: spend and savings",
     "curves": "Validation curves",
     "trials": "Trials",
     "best": "Best trial",
@@ -103,6 +104,7 @@ def render_page(
     body: list[str] = []
     if len(runs) > 1:
         body.append(compare_section(runs))
+        body.append(ledger_section(runs))
     for index, item in enumerate(items, 1):
         anchor = f"r{index}-" if several else ""
         if several:
@@ -132,7 +134,7 @@ def render_page(
 
 def _nav(items: Sequence[Run | Tune | Sweep]) -> list[str]:
     if len(items) > 1:
-        return ["compare"] if sum(isinstance(i, Run) for i in items) > 1 else []
+        return ["compare", "ledger"] if sum(isinstance(i, Run) for i in items) > 1 else []
     run = items[0]
     if isinstance(run, Tune):
         return ["headline", "tune", "waterfall"]
@@ -398,6 +400,27 @@ def compare_section(runs: list[Run]) -> str:
 
     where = ", ".join(str(r.path) for r in runs)
     return section("compare", _content(where, "compare", compared))
+
+
+def ledger_section(runs: list[Run]) -> str:
+    """The runs as `thrifty runs` counts them (relaunches of one job together), their spend
+    over time stacked by run, and what they saved beside it."""
+    from thrifty.errors import ThriftyError
+    from thrifty.ledger.book import read_ledger
+    from thrifty.reporting import ledger
+
+    def counted() -> str:
+        try:
+            jobs = read_ledger([str(r.path) for r in runs]).jobs
+        except ThriftyError as exc:
+            return f'<p class="muted">{escape(str(exc))}</p>'
+        names = [j.name for j in jobs]
+        charts = [ledger.spend_chart(jobs, names), ledger.savings_chart(jobs)]
+        drawn = "".join(c.html("ledger-") for c in charts if c.has_data)
+        return table(ledger.HEADER, ledger.ledger_rows(jobs)) + f'<div class="cols">{drawn}</div>'
+
+    where = ", ".join(str(r.path) for r in runs)
+    return section("ledger", _content(where, "ledger", counted))
 
 
 def tune_sections(tune: Tune, anchor: str = "") -> list[str]:
