@@ -326,8 +326,7 @@ class Trainer:
 
     def _fit(self) -> FitResult:
         wall_start = time.perf_counter()
-        # `thrifty train` answers a stop signal before the loop with "nothing to save yet"
-        # (StopRequested): checked where nothing is half-done, on every rank together.
+        # A stop signal before the loop is "nothing to save yet" (StopRequested), on every rank.
         stops = active_stop_signals()
         stops.check(self._agreed)  # before the run directory is claimed
         self.run_dir = self.checkpointer.open(self.interface)
@@ -343,6 +342,7 @@ class Trainer:
             progress=self.state,
             lost=self.checkpointer.lost,
         )
+        self.checkpointer.cost = monitor.cost
         s = self.state
         try:
             stops.check(self._agreed)  # the checkpoint is loaded: still nothing to save

@@ -67,3 +67,19 @@ def test_plain_tensors_and_values_load_with_weights_only(tmp_path):
     plant_checkpoint(folder, state)
     loaded = CheckpointManager(str(tmp_path)).load(str(folder))
     assert torch.equal(loaded["w"], state["w"]) and loaded["meta"] == state["meta"]
+
+
+def test_a_manifests_cost_record_round_trips_and_a_malformed_one_is_ignored():
+    import json
+
+    from thrifty.checkpoint.manifest import FileEntry, Manifest
+
+    record = {"seconds": 12.5, "usd_per_hour": 3.0, "pricing": "spot", "gpus": 8}
+    entry = FileEntry("state.pt", 10, "0" * 64)
+    written = Manifest(7, (entry,), "2026-11-27T00:00:00Z", None, "x", "y", record).to_json()
+    assert Manifest.from_json(written, where="m").record == record
+    doc = json.loads(written)
+    doc["record"] = ["not", "a", "record"]
+    assert Manifest.from_json(json.dumps(doc).encode(), where="m").record is None
+    del doc["record"]  # a checkpoint written before the record: still valid
+    assert Manifest.from_json(json.dumps(doc).encode(), where="m").step == 7

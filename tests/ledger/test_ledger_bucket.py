@@ -121,8 +121,32 @@ def test_the_bucket_gives_each_location_its_bytes_and_their_price_a_month(fleet,
         assert runs[url]["storage_bytes"] == size > 0
         assert runs[url]["storage_usd_month"] == pytest.approx(size / 2**30 * 0.023)
     assert len(runs[CROSS]["machines"]) == 2  # the run directories and the bucket: one row
-    assert runs[LONELY]["state"] == "in bucket" and runs[LONELY]["usd"] is None
+    assert runs[LONELY]["state"] == "in bucket"
     assert runs[LONELY]["checkpoints"] == [15, 20, 25, 30]
+    # No run directory of it was given: its dollars come from its newest manifest's record,
+    # written with the final checkpoint at the end of the run.
+    lonely = json.loads((root / "lonely/summary.json").read_text())["cost"]
+    assert runs[LONELY]["usd"] == pytest.approx(lonely["usd"], rel=0.02)
+
+
+def test_the_bucket_alone_gives_each_job_its_dollars_as_of_its_newest_checkpoint(
+    fleet, monkeypatch, capsys
+):
+    """Only the bucket: the manifests' records, nothing downloaded but them. The relaunched
+    job's newest checkpoint was written by machine B, whose meter went on from the checkpoint
+    it resumed from (machine A's part up to it included): B's own figure, A's steps after
+    that checkpoint being lost with A's disk."""
+    root, server = fleet
+    env_for(monkeypatch, server.endpoint)
+    assert main(["runs", f"s3://{BUCKET}/jobs", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    runs = {r["location"]: r for r in out["runs"]}
+    b = json.loads((root / "b/summary.json").read_text())["cost"]
+    assert runs[CROSS]["usd"] == pytest.approx(b["usd"], rel=0.02)
+    assert runs[CROSS]["pricing"] == "spot" and runs[CROSS]["on_demand_usd"] == pytest.approx(
+        3 * runs[CROSS]["usd"]
+    )
+    assert out["total"]["usd"] == pytest.approx(runs[CROSS]["usd"] + runs[LONELY]["usd"])
 
 
 def test_the_lifecycle_rule_read_back_from_the_bucket_expires_only_superseded_checkpoints(

@@ -136,6 +136,7 @@ class CheckpointManager:
         *,
         metric: float | None = None,
         extra_files: Sequence[str] = (),
+        record: dict[str, Any] | None = None,
     ) -> None:
         """Copy `state` to host memory and write it in the background; return at once after.
 
@@ -144,7 +145,8 @@ class CheckpointManager:
         copy: `last_stall_seconds` (seconds).
         `metric` ranks checkpoints for keep_best (lower is better; NaN is not ranked).
         `extra_files` are files already written into `begin(step)`'s folder (sharded
-        checkpoints): they are hashed into the manifest and uploaded with the state.
+        checkpoints): they are hashed into the manifest and uploaded with the state. `record`
+        (plain values) is written into the manifest.
         """
         self._check_step(step)
         start = time.perf_counter()
@@ -157,7 +159,7 @@ class CheckpointManager:
         self.last_stall_seconds = time.perf_counter() - start
         metric = clean_metric(metric)
         extra = tuple(extra_files)
-        self._submit(lambda: self._save_job(step, host_state, metric, start, extra))
+        self._submit(lambda: self._save_job(step, host_state, metric, start, extra, record))
 
     def begin(self, step: int) -> str:
         """The local folder for step `step`, emptied and unpublished, for files written into it
@@ -330,10 +332,16 @@ class CheckpointManager:
             raise error
 
     def _save_job(
-        self, step: int, state: Any, metric: float | None, start: float, extra: tuple[str, ...]
+        self,
+        step: int,
+        state: Any,
+        metric: float | None,
+        start: float,
+        extra: tuple[str, ...],
+        record: dict[str, Any] | None = None,
     ) -> None:
         self._check_ours(step)
-        write_checkpoint(self._local, step, state, metric, extra)
+        write_checkpoint(self._local, step, state, metric, extra, record)
         del state
         self._newest_written = step
         log.info("checkpoint step %d written to %s", step, self.local_dir)

@@ -1,7 +1,8 @@
 """The manifest: the small file written last that makes a checkpoint count.
 
 A checkpoint folder holds its data files and `manifest.json` (step, file names, sizes, sha256,
-thrifty and torch versions, creation time, metric). Readers trust a folder only through its
+thrifty and torch versions, creation time, metric, and the run's cost record as of this save:
+what `thrifty runs` reads from a bucket without downloading a checkpoint). Readers trust a folder only through its
 manifest, and only when every file matches it byte for byte.
 """
 
@@ -50,6 +51,9 @@ class Manifest:
     metric: float | None = None
     thrifty_version: str = "unknown"
     torch_version: str = "unknown"
+    # What the run had paid when it saved (thrifty.measure.cost.CostMeter.record): plain
+    # numbers and words, read by the ledger; None when the run has no price.
+    record: dict[str, Any] | None = None
 
     def to_json(self) -> bytes:
         doc = {
@@ -62,6 +66,8 @@ class Manifest:
             "torch_version": self.torch_version,
             "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in self.files],
         }
+        if self.record is not None:
+            doc["record"] = self.record
         return (json.dumps(doc, indent=2) + "\n").encode()
 
     @classmethod
@@ -75,6 +81,7 @@ class Manifest:
                 raise ValueError(f"format_version {doc.get('format_version')!r} is not supported")
             files = tuple(_file_entry(f) for f in doc["files"])
             metric = doc.get("metric")
+            record = doc.get("record")
             return cls(
                 step=_int(doc["step"]),
                 files=files,
@@ -82,6 +89,7 @@ class Manifest:
                 metric=None if metric is None else float(metric),
                 thrifty_version=str(doc.get("thrifty_version", "unknown")),
                 torch_version=str(doc.get("torch_version", "unknown")),
+                record=record if isinstance(record, dict) else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptCheckpointError(f"{where} is not a valid manifest ({exc})") from exc

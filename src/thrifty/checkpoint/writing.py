@@ -33,11 +33,13 @@ def write_checkpoint(
     state: Any,
     metric: float | None,
     extra: Sequence[str] = (),
+    record: dict[str, Any] | None = None,
 ) -> Manifest:
     """Write `state` as checkpoint `step` in `local` and publish it with its manifest.
 
     `extra` are files already in the step's folder (sharded checkpoints), hashed into the
-    manifest. Raises a one-line CheckpointError on a failed write.
+    manifest; `record` goes into the manifest as it is. Raises a one-line CheckpointError on a
+    failed write.
     """
     name = step_dir(step)
     folder = local.path(name)
@@ -55,7 +57,9 @@ def write_checkpoint(
         os.replace(tmp, os.path.join(folder, STATE_FILE))
         fsync_dir(folder)
         thrifty_version, torch_version = _versions()
-        manifest = Manifest(step, tuple(entries), utc_now(), metric, thrifty_version, torch_version)
+        manifest = Manifest(
+            step, tuple(entries), utc_now(), metric, thrifty_version, torch_version, record
+        )
         atomic_write_bytes(os.path.join(folder, MANIFEST), manifest.to_json())
         fsync_dir(local.root)
         return manifest

@@ -18,7 +18,7 @@ from typing import Any
 
 from thrifty.checkpoint.errors import CheckpointError
 from thrifty.errors import ThriftyError
-from thrifty.ledger.attempt import Attempt
+from thrifty.ledger.attempt import Attempt, Price
 from thrifty.ledger.finding import WHAT_TO_GIVE, Found, Tune, find
 from thrifty.ledger.jobs import Job, Part, join
 from thrifty.ledger.locations import Location, find_locations, read_location
@@ -115,11 +115,18 @@ def _bucket_only(locations: Mapping[str, Location], attempts: Sequence[Attempt])
 
 
 def from_location(location: Location) -> Attempt:
-    """An attempt read from a location alone (no run directory): its newest published step
-    and the span its manifests were written in."""
+    """An attempt read from a location alone (no run directory): its newest published step,
+    the span its manifests were written in, and what the run had paid at its newest save (the
+    cost record its manifest carries, every machine before it included)."""
     times = [c.created for c in location.checkpoints.values() if c.created is not None]
     steps = location.published or list(location.checkpoints)
     when = min(times) if times else datetime.fromtimestamp(0).astimezone()
+    paid = _paid(location.newest_record)
+    note = (
+        "no run directory given: its dollars as of its newest checkpoint"
+        if paid
+        else "no run directory given: its dollars are unknown; give its run directories too"
+    )
     return Attempt(
         path=Path(location.url.rsplit("/", 1)[-1] or location.url),
         name=location.url.rsplit("/", 1)[-1] or location.url,
@@ -131,10 +138,36 @@ def from_location(location: Location) -> Attempt:
         ended=max(times) if times else when,
         first_step=0,
         last_step=max(steps, default=0),
-        seconds=0.0,
         timeline=(),
-        notes=("no run directory given: its dollars are unknown; give its run directories too",),
+        notes=(note,),
+        **(paid or {"seconds": 0.0}),
     )
+
+
+def _paid(record: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """An Attempt's cost fields from a manifest's cost record (thrifty.measure.cost.CostMeter
+    .record); None without a priced one."""
+    if record is None or not _number(record.get("usd_per_hour")):
+        return None
+    on_demand = record.get("on_demand_usd_per_hour")
+    price = Price(
+        usd_per_hour=float(record["usd_per_hour"]),
+        pricing=str(record.get("pricing", "on-demand")),
+        on_demand_usd_per_hour=float(on_demand) if isinstance(on_demand, (int, float)) else None,
+        source=str(record.get("source", "")),
+        catalog="checkpoint manifest",
+    )
+    return {
+        "seconds": float(record.get("seconds") or 0.0),
+        "wasted_seconds": float(record.get("wasted_seconds") or 0.0),
+        "redone_steps": int(record.get("redone_steps") or 0),
+        "gpus": int(record.get("gpus") or 1),
+        "price": price,
+    }
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _with_storage(

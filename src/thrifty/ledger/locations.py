@@ -33,13 +33,15 @@ _STEP = re.compile(r"^step-(\d{8,})$")
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
     """One step folder: its step, whether its manifest is there (published), when the
-    manifest says it was written, and the bytes of every object in it."""
+    manifest says it was written, the bytes of every object in it, and the cost record the
+    manifest carries (what the run had paid at this save; None: none)."""
 
     step: int
     published: bool
     created: datetime | None
     bytes: int
     keys: tuple[str, ...]  # relative to the location
+    record: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,14 @@ class Location:
     @property
     def published(self) -> list[int]:
         return sorted(s for s, c in self.checkpoints.items() if c.published)
+
+    @property
+    def newest_record(self) -> dict[str, Any] | None:
+        """The cost record of the newest published checkpoint that has one."""
+        for step in reversed(self.published):
+            if self.checkpoints[step].record is not None:
+                return self.checkpoints[step].record
+        return None
 
 
 def read_location(where: str, storage_options: Mapping[str, Any] | None = None) -> Location | None:
@@ -176,8 +186,16 @@ def _location(fs: Any, root: str, display: str, base: str, objects: dict[str, in
 def _checkpoint(fs: Any, where: str, step: int, keys: list[str], objects: dict[str, int]) -> Checkpoint:
     folder = keys[0].split("/", 1)[0]
     published = f"{folder}/{MANIFEST}" in objects
-    created = _created(fs, f"{where}/{folder}/{MANIFEST}") if published else None
-    return Checkpoint(step, published, created, sum(objects[k] for k in keys), tuple(sorted(keys)))
+    manifest = (_small_json(fs, f"{where}/{folder}/{MANIFEST}") if published else None) or {}
+    record = manifest.get("record")
+    return Checkpoint(
+        step,
+        published,
+        _created(manifest.get("created")),
+        sum(objects[k] for k in keys),
+        tuple(sorted(keys)),
+        record if isinstance(record, dict) else None,
+    )
 
 
 def _small_json(fs: Any, path: str) -> dict[str, Any] | None:
@@ -189,8 +207,7 @@ def _small_json(fs: Any, path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _created(fs: Any, path: str) -> datetime | None:
-    created = (_small_json(fs, path) or {}).get("created")
+def _created(created: Any) -> datetime | None:
     try:
         return datetime.strptime(str(created), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
     except ValueError:

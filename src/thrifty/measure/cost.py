@@ -301,6 +301,20 @@ class CostMeter:
             total_usd=self.usd + remaining_usd,
         )
 
+    def record(self, elapsed_seconds: float) -> dict[str, Any]:
+        """What the run had paid after `elapsed_seconds` of training kept (a checkpoint's), in
+        plain values: the record a checkpoint's manifest carries for `thrifty runs`."""
+        return {
+            "seconds": float(elapsed_seconds),
+            "wasted_seconds": self.wasted_seconds,
+            "redone_steps": self.redone_steps,
+            "usd_per_hour": self.usd_per_hour,
+            "on_demand_usd_per_hour": self.on_demand_usd_per_hour,
+            "pricing": self.pricing,
+            "source": self.source,
+            "gpus": self.gpus,
+        }
+
     def summary(self) -> CostSummary:
         """GPU-hours billed, dollars paid and what on-demand would have cost."""
         hours = self.billed_seconds / 3600

@@ -129,6 +129,8 @@ class RunCheckpointer:
         self.run_dir: Path | None = None
         self.metrics: MetricsLog | None = None  # rank 0's, once the run is open
         self.lost = LostWork()  # steps a preemption threw away before this attempt
+        self.cost: Any = None  # the run's CostMeter once its monitor is built: each manifest
+        # carries what the run had paid (CostMeter.record), for `thrifty runs` on a bucket
         self.resume_changes = ResumeChanges()  # set on resume: what differs from the checkpoint
         # The step of the newest checkpoint this run has (resumed from, or saved): what a rank
         # that lost another can tell its launcher to resume from. None: none yet.
@@ -270,7 +272,7 @@ class RunCheckpointer:
             self._emergency_save(step, state, metric, files, other or watcher.reason)
             return
         manager = self._store
-        manager.save(step, state, metric=metric, extra_files=files)
+        manager.save(step, state, metric=metric, extra_files=files, record=self._record())
         if final:  # written in the background: finish() waits
             return
         self._saved(step)
@@ -280,6 +282,9 @@ class RunCheckpointer:
                 manager.last_stall_seconds + shard_seconds,
                 manager.last_save_seconds + shard_seconds,
             )
+
+    def _record(self) -> dict[str, Any] | None:
+        return None if self.cost is None else self.cost.record(self.progress.seconds)
 
     def _saved(self, step: int) -> None:
         """Save `step` was handed over. The watcher's count of what a stop at once loses starts
@@ -295,7 +300,7 @@ class RunCheckpointer:
         manager, watcher, c = self._store, self._watch, self.config.checkpoint
         log.warning("%s: saving an emergency checkpoint at step %d", reason, step)
         self.emergency_begins(step)
-        manager.save(step, state, metric=metric, extra_files=files)
+        manager.save(step, state, metric=metric, extra_files=files, record=self._record())
         done = manager.wait(c.upload_deadline_seconds)
         watcher.saving, watcher.saved_step = None, step
         pending = manager.pending_uploads if done else [step]
