@@ -316,3 +316,23 @@ def test_flop_counting_forks_the_rng_of_the_models_device(monkeypatch, fake_cuda
     measure_flops(model, batch, call, device=torch.device("cuda", 1))
     measure_flops(model, batch, call, device=torch.device("cuda"))  # the current one
     assert forked == [[], [1], [3]]
+
+
+def test_the_progress_bar_counts_every_step_before_the_first_flush(tmp_path):
+    """The bar's count moved only at a flush: a run logging every 50 steps showed 0/N for its
+    first 50. It moves at each step now, its loss and rate still at each flush."""
+    device = FakeDevice()
+    timer = FakeEventTimer(device)
+    monitor = make_monitor(tmp_path, timer)
+    bar = ProgressBar(100, "on")
+    monitor.progress = bar
+    monitor.start()
+    try:
+        for step in (1, 2, 3):
+            train_step(device, timer, monitor, step)
+        (task,) = bar._progress.tasks
+        assert task.completed == 3 and task.fields["loss"] == "-"  # nothing read yet
+        monitor.flush(device.host, 12, TOKENS * 3)
+        assert task.fields["loss"] == "1.0000"
+    finally:
+        monitor.close()

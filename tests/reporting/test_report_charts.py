@@ -293,3 +293,79 @@ def test_a_real_tunes_out_shows_its_trials_the_winner_and_the_waterfall(tmp_path
     ]
     assert "precision" in [b.label for b in levers]
     assert render_report(tmp_path / "out") == tmp_path / "out" / "report.html"
+
+
+def test_axes_stay_where_the_figures_can_be(tmp_path):
+    """A CPU at 100% with a swing drew an axis to 150%, and a loss near 0 one below zero."""
+    from thrifty.reporting.charts import Chart, Series, _domains
+
+    records = [
+        step(2, system={"cpu_percent_mean": 96.0, "cpu_percent_std": 30.0}),
+        step(4, system={"cpu_percent_mean": 99.0, "cpu_percent_std": 20.0}),
+    ]
+    cpu = run_charts(load(write_run(tmp_path / "run", records)))["system-cpu_percent"]
+    assert cpu.series[0].band == ((2.0, 66.0, 100.0), (4.0, 79.0, 100.0))
+    assert max(_domains(cpu)[1]) == 100.0
+    loss = Chart(
+        "loss", "loss", "loss", (Series("train", ((1.0, 0.9), (9.0, 0.02))),), from_zero=False
+    )
+    assert min(_domains(loss)[1]) == 0.0
+    below = Chart(
+        "loss", "loss", "loss", (Series("nll", ((1.0, 0.5), (9.0, -1.0))),), from_zero=False
+    )
+    assert min(_domains(below)[1]) < -1.0  # a loss that goes negative keeps its axis
+    mfu = Chart(
+        "mfu", "MFU", "MFU", (Series("MFU", ((1.0, 0.45), (9.0, 0.97))),), y_format="percent"
+    )
+    assert _domains(mfu)[1][-1] == 1.0
+
+
+def test_a_resumed_runs_wall_time_is_the_same_figure_in_its_summary_and_its_report(
+    tmp_path, capsys
+):
+    """The report showed 87 s (the training of both attempts) where the summary said 62 s
+    (the last attempt's): both now say both, the same way."""
+    from types import SimpleNamespace
+
+    from thrifty.reporting.end_of_run import _wall
+    from thrifty.reporting.figures import wall_time
+
+    records = [step(1), step(2), {"step": 2, "event": "resumed"}, step(3), step(4)]
+    summary = {
+        "steps": 4,
+        "wall_seconds": 62.0,
+        "training_seconds": 87.0,
+        "stop_reason": "max_steps",
+    }
+    run = load(write_run(tmp_path / "run", records, summary=summary))
+    figure = wall_time(run)
+    assert (figure.value, figure.detail) == (
+        "1 min 27 s",
+        "training, over 2 attempts; the last took 1 min 2 s",
+    )
+    assert _wall(SimpleNamespace(wall_seconds=62.0, training_seconds=87.0)) == (
+        "62 this attempt; 87 of training in all attempts"
+    )
+    assert _wall(SimpleNamespace(wall_seconds=62.0, training_seconds=61.9)) == 62.0  # started once
+
+
+def test_the_validation_curve_starts_at_the_evaluation_before_the_first_step(tmp_path):
+    from thrifty.cli import main
+    from thrifty.reporting.series import loss_chart
+
+    config = tmp_path / "job.toml"
+    config.write_text(
+        '[run]\nmax_steps = 4\nlog_every = 2\nprogress = "off"\ndevice = "cpu"\n'
+        '[precision]\nmode = "fp32"\n[batch]\nmicro = 16\neffective = 16\n[eval]\nevery = 2\n'
+        '[data]\nnum_workers = 0\n[checkpoint]\nevery = "off"\nfinal = false\n'
+        '[measure]\nsystem = false\n[task]\nmodel = "dist_task:model"\n'
+        'train_data = "dist_task:train_data"\nval_data = "dist_task:val_data"\n'
+        'optimizer = "dist_task:sgd"\nloss_fn = "dist_task:cross_entropy"\n'
+    )
+    assert main(["train", str(config), "--out", str(tmp_path / "run")]) == 0
+    run = load(tmp_path / "run")
+    initial = json.loads((tmp_path / "run/summary.json").read_text())["initial_val_loss"]
+    assert [s for s, _ in run.evals] == [0, 2, 4]
+    assert run.evals[0] == (0, pytest.approx(initial))
+    (val,) = [s for s in loss_chart([run]).series if s.name == "validation loss"]
+    assert val.points[0] == (0.0, pytest.approx(initial))

@@ -158,6 +158,7 @@ class RunMonitor:
         is the step as the host timed it: used only where the timer measured nothing."""
         record["_phases"] = raw_phases
         self.pending.append(record)
+        self.progress.step(record["step"])
 
     def flush(self, elapsed_seconds: float, samples: int, tokens: int) -> list[dict[str, Any]]:
         """Write the buffered steps: one host sync for the whole interval (and, with several

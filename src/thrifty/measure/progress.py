@@ -60,6 +60,12 @@ class ProgressBar:
             rate = f"{rate}  {dollars}"
         self._progress.update(self._task, completed=step, loss=f"{loss:.4f}", rate=rate)
 
+    def step(self, step: int) -> None:
+        """Move the bar to `step` between flushes: its count moves every step, its loss and rate
+        at each flush (reading them would sync). Nothing when the bar is off."""
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step)
+
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()

@@ -55,11 +55,14 @@ class FitResult:
     tokens_per_second: float
     samples_per_second: float
     stop_reason: str
-    wall_seconds: float
+    wall_seconds: float  # this attempt's, from fit() to its end
     precision: str
     num_workers: int
     checkpointed_blocks: list[str] = field(default_factory=list)
     run_dir: str | None = None
+    # The training seconds the run kept, across every attempt (a resumed run's are more than
+    # this attempt's wall_seconds); None in a summary written before it was recorded.
+    training_seconds: float | None = None
     mfu: float | None = None  # model FLOP/s ÷ the device's peak for the dtype used
     breakdown: dict[str, float] | None = None  # mean seconds per step of each phase
     cost: dict[str, Any] | None = None  # GPU-hours, dollars, the on-demand equivalent

@@ -177,9 +177,14 @@ def _domains(chart: Chart) -> tuple[list[float], list[float]]:
         y_lo = min(0.0, y_lo)
     else:  # a little room above and below; around a lone value, a tenth of it
         pad = (y_hi - y_lo) * 0.05 or abs(y_hi) * 0.1 or 1.0
-        y_lo, y_hi = y_lo - pad, y_hi + pad
+        # The room never crosses zero the data does not: a loss near 0 gets no negative axis.
+        y_lo, y_hi = (y_lo - pad if y_lo - pad >= 0 or y_lo < 0 else 0.0), y_hi + pad
     x_ticks = nice_ticks(min(xs), max(xs), 7, whole=True) if xs else [0.0, 1.0]
-    return x_ticks, nice_ticks(y_lo, y_hi, 5)
+    y_ticks = nice_ticks(y_lo, y_hi, 5)
+    if chart.y_format == "percent" and y_hi <= 1.0 < y_ticks[-1]:
+        # A share of a whole (utilization, MFU) ends at 100%, not at the round tick past it.
+        y_ticks = [t for t in y_ticks if t < 1.0] + [1.0]
+    return x_ticks, y_ticks
 
 
 def fmt_value(value: float, style: str = "number") -> str:

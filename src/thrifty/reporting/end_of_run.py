@@ -48,7 +48,7 @@ def print_summary(result: Any) -> None:
         ("precision", result.precision),
         ("num_workers", result.num_workers),
         ("stop reason", result.stop_reason),
-        ("wall seconds", result.wall_seconds),
+        ("wall seconds", _wall(result)),
         (
             "dollars",
             None if not result.cost else f"${result.cost['usd']:.4f} ({result.cost['pricing']})",
@@ -63,6 +63,15 @@ def print_summary(result: Any) -> None:
             continue  # one process; nothing the guard did
         table.add_row(name, _fmt(value))
     Console().print(table)
+
+
+def _wall(result: Any) -> str | float:
+    """This attempt's wall seconds; a resumed run's say the training seconds of every attempt
+    too, the figure its report shows."""
+    kept = getattr(result, "training_seconds", None)
+    if kept is None or kept <= result.wall_seconds + 0.5:
+        return result.wall_seconds
+    return f"{result.wall_seconds:,.4g} this attempt; {kept:,.4g} of training in all attempts"
 
 
 def _guard_line(guard: dict[str, Any] | None) -> str | None:

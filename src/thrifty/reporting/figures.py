@@ -83,6 +83,13 @@ def wall_time(run: Run) -> Figure:
     wall = number(_summary(run, "wall_seconds"))
     if wall is not None and attempts(run) == 1:
         return Figure("wall time", fmt_seconds(wall))
+    kept = number(_summary(run, "training_seconds"))
+    if kept is not None and wall is not None:  # the summary's own two figures
+        return Figure(
+            "wall time",
+            fmt_seconds(kept),
+            f"training, over {attempts(run)} attempts; the last took {fmt_seconds(wall)}",
+        )
     cost = _last(run, "cost")
     elapsed = number(cost.get("elapsed_seconds")) if isinstance(cost, dict) else None
     if elapsed is None:

@@ -23,6 +23,8 @@ PHASE_COLORS = ("#f59f00", "#ced4da", "#4c6ef5", "#7048e8", "#12b886", "#e64980"
 STACK_POINTS = 300  # the breakdown's points at most: a run of more steps is drawn in buckets
 SYSTEM_METRICS = {
     "cpu_percent": ("CPU utilization", "%"),
+    "load_per_cpu": ("load average per CPU", "threads"),
+    "steal_percent": ("CPU time stolen", "%"),
     "ram_percent": ("RAM used", "%"),
     "process_rss_gib": ("process resident memory", "GiB"),
     "gpu_util_percent": ("GPU utilization", "%"),
@@ -256,7 +258,7 @@ def system_figures(run: Run) -> list[SystemFigure]:
 
 def system_charts(run: Run) -> list[Chart]:
     """One small chart per metric: each interval's mean, its swing (± one standard deviation,
-    never below zero) shaded around it."""
+    never below zero, nor above 100% for a percentage) shaded around it."""
     charts = []
     for key in _system_keys(run):
         name, unit = SYSTEM_METRICS.get(key, (key.replace("_", " "), ""))
@@ -270,7 +272,8 @@ def system_charts(run: Run) -> list[Chart]:
                 swing = number(system.get(f"{key}_std")) or 0.0
                 rows.append((float(record["step"]), mean, swing))
         points = tuple((x, m) for x, m, _ in rows)
-        band = tuple((x, max(0.0, m - d), m + d) for x, m, d in rows)  # none is negative
+        top = 100.0 if unit == "%" else math.inf
+        band = tuple((x, max(0.0, m - d), min(top, m + d)) for x, m, d in rows)
         series = Series(name, points, band=band)
         charts.append(Chart(f"system-{key}", name, unit, (series,), size="small"))
     return charts

@@ -66,6 +66,7 @@ def fit_result(facts: RunFacts, reason: str, monitor: RunMonitor, wall_seconds: 
         samples_per_second=monitor.meter.samples_per_second,
         stop_reason=reason,
         wall_seconds=wall_seconds,
+        training_seconds=s.seconds,
         precision=f.precision.name,
         num_workers=f.num_workers,
         checkpointed_blocks=f.checkpointed_blocks,

@@ -51,6 +51,8 @@ class StepBoundary:
         with stops.interruptible():
             if s.step == 0:
                 s.initial_val_loss = s.val_loss = self.evaluate()
+                if s.val_loss is not None:  # the validation curve's first point, in the report
+                    self.watch.log_event(val_loss=s.val_loss, initial=True)
             pending = self.evaluate() if s.eval_pending else None
         finished = self.budget.exceeded(s.step, s.tokens, s.seconds)
         if s.eval_pending:
