@@ -448,6 +448,8 @@ def test_without_a_price_the_table_shows_the_job_time_and_the_waterfall_is_in_ho
     print_report(result)
     out = capsys.readouterr().out
     assert "job time" in out and "$/M tokens" not in out
+    # The waterfall's cells are durations as each reads best: its title says time, not hours.
+    assert "lever by lever (time per run)" in out and "(hours per run)" not in out
 
 
 # --------------------------------------------------------------------------------------------

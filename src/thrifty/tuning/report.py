@@ -201,7 +201,10 @@ def waterfall_table(w: Waterfall) -> Any:
 
     money = fmt_usd if w.unit == "USD" else _duration
     title = "From the baseline to the winner, lever by lever"
-    return levers_table(w.plan, title, unit=w.unit, money=money, groups=False)
+    # Unpriced, the cells are durations (seconds, minutes or hours as each reads best): the
+    # title says time, not hours over a column of seconds.
+    unit = w.unit if w.unit == "USD" else "time"
+    return levers_table(w.plan, title, unit=unit, money=money, groups=False)
 
 
 def _print_failures(out: Console, result: TuneResult) -> None:
