@@ -264,3 +264,24 @@ def test_a_secret_pair_in_prose_is_still_masked_next_to_a_factory_path():
     text = "model my_pkg:build failed: password: hunter2"
     assert "hunter2" not in redact_text(text)
     assert "hunter2" not in redact_text("password:hunter2")  # one word before the colon: a pair
+
+
+def test_a_urls_credentials_quoted_without_the_scheme_are_removed():
+    """s3fs takes `KEY:SECRET@bucket` of s3://KEY:SECRET@bucket/p for a bucket name and its
+    error quotes it: `thrifty runs` and the checkpoint storage printed the secret."""
+    said = 'Invalid bucket name "AKIAXXXX:secretpart@bucket": Bucket name must match'
+    assert redact_text(said) == 'Invalid bucket name "bucket": Bucket name must match'
+    for kept in ("git@github.com:owner/repo", "user@example.com", "pkg.mod:build_model"):
+        assert redact_text(kept) == kept
+
+
+def test_thrifty_runs_on_a_url_with_credentials_shows_no_secret(tmp_path, capsys, monkeypatch):
+    from thrifty.cli import main
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    monkeypatch.chdir(tmp_path)
+    assert main(["runs", "s3://AKIAXXXX:secretpart@bucket/p"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("thrifty: error: ") and len(err.strip().splitlines()) == 1
+    assert "secretpart" not in err and "AKIAXXXX" not in err

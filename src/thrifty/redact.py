@@ -101,6 +101,9 @@ def is_secret_name(name: str) -> bool:
 # `scheme://userinfo@`: everything up to the last `@` of the URL counts, because a password
 # may hold `/`, `:` or `@` (cutting part of a path by mistake is harmless; leaking is not).
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s'\"<>@]*(?:@[^\s'\"<>@]*)*@")
+# A URL's `user:password@` quoted without its scheme, as a storage library's error repeats the
+# part of the URL it took for a bucket name ("Invalid bucket name "KEY:SECRET@bucket"").
+_BARE_USERINFO = re.compile(r"(?<![\w.:/@-])[^\s'\"<>@/:]+:[^\s'\"<>@/]+@(?=[A-Za-z0-9])")
 _QUERY_PARAM = re.compile(r"(?P<lead>[?&;])(?P<name>[^=&#\s'\"]+)=(?P<value>[^&#\s'\"]*)")
 _AWS_KEY_ID = re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{12,}\b")
 _BEARER = re.compile(r"(?i)\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{6,}")
@@ -152,6 +155,7 @@ def redact_text(text: str) -> str:
     if not text:
         return text
     text = _USERINFO.sub(r"\g<scheme>", text)
+    text = _BARE_USERINFO.sub("", text)
     text = _QUERY_PARAM.sub(_redact_query, text)
     text = _AWS_KEY_ID.sub(REDACTED, text)
     text = _BEARER.sub(rf"\1 {REDACTED}", text)
