@@ -121,3 +121,14 @@ def test_a_missing_fsspec_says_the_exact_pip_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "fsspec", None)
     with pytest.raises(MissingDependencyError, match=r"pip install 'thrifty\[s3\]'"):
         open_storage("s3://bucket/run")
+
+
+def test_each_location_gets_a_filesystem_of_its_own_not_fsspecs_cached_one():
+    """fsspec hands back the instance it cached for the same options, built under the
+    environment of its first use: a location opened after AWS_ENDPOINT_URL changed went to
+    the first endpoint (to AWS itself, where the first use had none)."""
+    pytest.importorskip("s3fs")
+    from thrifty.checkpoint.storage import FsspecStorage
+
+    first, second = FsspecStorage("s3://bucket/run"), FsspecStorage("s3://bucket/run")
+    assert first.fs is not second.fs

@@ -310,8 +310,11 @@ class FsspecStorage:
             raise MissingDependencyError(
                 f"checkpoint location {self.display} needs fsspec: pip install 'thrifty[{extra}]'"
             ) from exc
+        # A filesystem of its own: fsspec hands back a cached instance for the same options,
+        # built under the credentials and endpoint (AWS_ENDPOINT_URL, ...) of its first use.
+        options = {"skip_instance_cache": True, **dict(storage_options or {})}
         try:
-            self.fs, self.root = fsspec.core.url_to_fs(self.uri, **dict(storage_options or {}))
+            self.fs, self.root = fsspec.core.url_to_fs(self.uri, **options)
         except ImportError as exc:
             raise MissingDependencyError(
                 f"checkpoint location {self.display} needs the {self.protocol}:// filesystem "
