@@ -161,9 +161,9 @@ class Trainer:
         )
         if self.precision.name == "fp8":  # after the FLOP count, before anything wraps it
             apply_fp8(self.model)
-        self.held = instruments.held_on_every_rank(self.dist, self.flops)
+        policy = cfg.activation_checkpointing.policy
+        self.held = instruments.held_on_every_rank(self.dist, self.flops, policy)
         try:
-            policy = cfg.activation_checkpointing.policy
             self.checkpointed_blocks = apply_activation_checkpointing(self.model, policy, self.held)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.checkpoint.errors import CheckpointError
+from thrifty.config.checks import is_number
 from thrifty.errors import ThriftyError
 from thrifty.ledger.attempt import Attempt, Price
 from thrifty.ledger.finding import WHAT_TO_GIVE, Found, Tune, find
@@ -147,7 +148,7 @@ def from_location(location: Location) -> Attempt:
 def _paid(record: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """An Attempt's cost fields from a manifest's cost record (thrifty.measure.cost.CostMeter
     .record); None without a priced one."""
-    if record is None or not _number(record.get("usd_per_hour")):
+    if record is None or not is_number(record.get("usd_per_hour")):
         return None
     on_demand = record.get("on_demand_usd_per_hour")
     price = Price(
@@ -164,10 +165,6 @@ def _paid(record: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "gpus": int(record.get("gpus") or 1),
         "price": price,
     }
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _with_storage(

@@ -35,10 +35,13 @@ from thrifty.strategies.process_group import Distributed
 log = logging.getLogger("thrifty")
 
 
-def held_on_every_rank(dist: Distributed, count: Any) -> dict[str, int]:
+def held_on_every_rank(dist: Distributed, count: Any, policy: Any) -> dict[str, int]:
     """The activation bytes each repeated block held in the FLOP count `count`, summed over the
     ranks: every rank then chooses the same blocks to recompute (under FSDP a recomputation
-    gathers parameters, a collective all ranks must make together)."""
+    gathers parameters, a collective all ranks must make together). Nothing to gather when
+    activation checkpointing is off (`policy`, the same on every rank)."""
+    if policy == "off":
+        return {}
     totals: Counter[str] = Counter()
     for held in dist.all_gather(count.block_bytes if count is not None else {}):
         totals.update(held)
