@@ -121,8 +121,8 @@ class Tune:
     def again(self) -> tuple[int, str, str]:
         """The same command again, to its end, within the tune's own --budget. The trial at 16
         is no longer held for the test but still slower than the baseline (half a second in
-        each forward), so it wins nothing and no paired comparison follows: what is tested
-        here is the stop and the resume; the comparisons have tests of their own."""
+        each forward), so it usually wins nothing and no paired comparison follows: what is
+        tested here is the stop and the resume; the comparisons have tests of their own."""
         self.env["TUNE_TEST_SLOW"] = "16:0.5"
         self.proc = self.start()
         return self.finish(timeout=TUNE_BUDGET + PATIENCE)
@@ -201,9 +201,10 @@ def test_a_sigterm_to_the_tune_ends_its_trial_and_the_same_command_resumes(tmp_p
 
     code, out, err = tune.again()
     assert code == 0, err
-    # Only 01-micro ran again: the baseline was kept, and the slower 01-micro won no comparison.
-    assert tune.comparison_runs() == []
-    assert tune.trials_built() == 3
+    # Only 01-micro ran again, then the comparisons' runs (none where the slower 01-micro lost
+    # its trial, as it does unless the machine was far busier for the baseline): the baseline
+    # was kept.
+    assert tune.trials_built() == 3 + len(tune.comparison_runs())
     assert "00-baseline: " in err and "(kept from the earlier run)" in err
     record = tune.record()
     assert record["state"] == "finished"
@@ -246,8 +247,7 @@ def test_a_sigkill_of_the_tune_takes_its_trial_and_the_same_command_resumes(tmp_
 
     code, _, err = tune.again()
     assert code == 0, err
-    assert tune.comparison_runs() == []
-    assert tune.trials_built() == 3  # the baseline ran once
+    assert tune.trials_built() == 3 + len(tune.comparison_runs())  # the baseline ran once
     assert [t["status"] for t in tune.record()["trials"]] == ["ok", "ok"]
 
 
