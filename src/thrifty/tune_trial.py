@@ -19,12 +19,13 @@ from collections.abc import Sequence
 
 def main(argv: Sequence[str]) -> int:
     from thrifty.children import tethered
-
-    config = tethered()
-    report_progress(int(argv[0]))
-    command, *options = argv[1:]
+    from thrifty.cli import load_torch
     from thrifty.cli import main as thrifty_main
 
+    config = tethered()
+    load_torch()
+    report_progress(int(argv[0]))
+    command, *options = argv[1:]
     return thrifty_main([command, config_path(config), *options])
 
 
