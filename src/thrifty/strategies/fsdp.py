@@ -110,17 +110,24 @@ class FSDP(Strategy):
         *,
         optimizer_state: bool = True,
     ) -> None:
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
         from thrifty.checkpoint.sharded import merge_tensors, read_shards, split_tensors
 
         if folder is None:
             raise ConfigError("an FSDP state needs its checkpoint folder to read shards from")
-        # The optimizer state as it is now (initialized), read into from the shards: they
-        # reshard to this world size.
-        tensors, _ = split_tensors(_sharded_state(model, optimizer))
+        # The state as it is now (the optimizer's initialized), read into from the shards: they
+        # reshard to this world size. Another optimizer than the saved one starts its moments
+        # anew: its keys are not in the shards, so only the model's are read.
+        parts = _sharded_state(model, optimizer)
+        if not optimizer_state:
+            parts = {"model": parts["model"]}
+        tensors, _ = split_tensors(parts)
         read_shards(tensors, folder, self.dist.control)
         loaded = merge_tensors(tensors, state.get("sharded"))
+        if not optimizer_state:
+            set_model_state_dict(model, loaded["model"])
+            return
         set_state_dict(
             model,
             optimizer,
