@@ -81,7 +81,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     code 75, and the same command continues it."""
     from pathlib import Path
 
-    from thrifty.console import say, to_json
+    from thrifty.console import call_with_options, say, to_json
     from thrifty.errors import ThriftyError
 
     try:
@@ -96,18 +96,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         ) from None
 
     out = Path(args.out) if args.out else Path("runs") / f"sweep-{Path(args.config).stem}"
-    plan = make_sweep(
-        args.config,
-        args.space,
-        out,
-        trials=args.trials,
-        budget=args.budget,
-        pruner=args.pruner,
-        workers=args.workers,
-        storage=args.storage,
-        study=args.study,
-        overrides=args.overrides,
-        say=lambda line: say("sweep", line),
+    plan = call_with_options(
+        make_sweep, args, args.config, args.space, out, say=lambda line: say("sweep", line)
     )
     try:
         record = run_sweep(plan)

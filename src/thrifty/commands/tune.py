@@ -72,24 +72,14 @@ def run_tune_command(args: argparse.Namespace) -> int:
     raise the one line that says why (exit code 2). Stopped by SIGTERM or SIGINT: one line,
     exit code 75, and the same command resumes."""
     from thrifty.config import parse_set_args
-    from thrifty.console import say, to_json
+    from thrifty.console import call_with_options, say, to_json
     from thrifty.errors import ThriftyError
     from thrifty.tuning.report import print_report, result_dict
     from thrifty.tuning.session import make_plan, read_given, run_tune
     from thrifty.tuning.stopping import TuneStopped
 
     given = read_given(args.config, parse_set_args(args.overrides))
-    plan = make_plan(
-        given,
-        args.config,
-        out=args.out,
-        budget=args.budget,
-        steps=args.steps,
-        levers=args.levers,
-        micro=args.micro,
-        instance=args.instance,
-        overwrite=args.overwrite,
-    )
+    plan = call_with_options(make_plan, args, given, args.config)
     try:
         result = run_tune(plan)
     except TuneStopped as exc:

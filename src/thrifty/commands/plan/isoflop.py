@@ -61,7 +61,7 @@ def run_isoflop_command(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from thrifty.commands.plan import _count
-    from thrifty.console import Table, console, say, to_json
+    from thrifty.console import Table, call_with_options, console, say, to_json
     from thrifty.errors import ConfigError, ThriftyError
     from thrifty.sweeps.isoflop import layout, parse_sizes, run_grid
 
@@ -101,15 +101,8 @@ def run_isoflop_command(args: argparse.Namespace) -> int:
         raise ThriftyError("thrifty plan isoflop runs a sweep: pip install 'thrifty[sweep]'") from None
     out = Path(args.out) if args.out else Path("runs") / f"isoflop-{Path(args.config).stem}"
     try:
-        record = run_grid(
-            args.config,
-            key,
-            runs,
-            out,
-            workers=args.workers,
-            storage=args.storage,
-            overrides=args.overrides,
-            say=lambda line: say("plan isoflop", line),
+        record = call_with_options(
+            run_grid, args, args.config, key, runs, out, say=lambda line: say("plan isoflop", line)
         )
     except SweepStopped as exc:
         say("plan isoflop", str(exc))
