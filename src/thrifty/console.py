@@ -53,6 +53,16 @@ def add_set_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_config_options(
+    parser: argparse.ArgumentParser, *, nargs: str | None = None, help: str | None = None
+) -> None:
+    """The CONFIG.toml a command reads (`nargs="?"` and its `help` where it may be left out)
+    and the `--set` items applied over it. The config is positional: where among the options
+    it is added changes neither the help nor the parsing."""
+    parser.add_argument("config", metavar="CONFIG.toml", nargs=nargs, help=help)
+    add_set_option(parser)
+
+
 def add_output_options(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     *,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from thrifty.console import add_output_options, add_set_option
+from thrifty.console import add_config_options, add_output_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +22,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the same command continues a stopped sweep. Writes sweep.json (every trial, the best, "
         "compute and dollars, what pruning saved) and best.toml, which thrifty train runs as is.",
     )
-    parser.add_argument("config", metavar="CONFIG.toml")
     parser.add_argument(
         "--space",
         required=True,
@@ -58,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "runs/sweep-<config>); the same command continues the sweep there",
         json="print sweep.json on stdout instead of the table",
     )
-    add_set_option(parser)
+    add_config_options(parser)
     parser.set_defaults(handler=run_sweep_command)
 
 

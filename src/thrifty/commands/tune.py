@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from thrifty.console import add_output_options, add_set_option
+from thrifty.console import add_config_options, add_output_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +23,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "as a TOML file thrifty train runs as is) and the waterfall from the config as given "
         "to the winner, lever by lever.",
     )
-    parser.add_argument("config", metavar="CONFIG.toml")
     parser.add_argument(
         "--budget",
         default="10m",
@@ -63,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "holding them is refused); without it, an unfinished tune of the same search is resumed",
         json=True,
     )
-    add_set_option(parser)
+    add_config_options(parser)
     parser.set_defaults(handler=run_tune_command)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from thrifty.commands.sweep import add_worker_options
-from thrifty.console import add_output_options, add_set_option
+from thrifty.console import add_config_options, add_output_options
 
 
 def register_isoflop(commands: argparse._SubParsersAction) -> None:
@@ -27,7 +27,6 @@ def register_isoflop(commands: argparse._SubParsersAction) -> None:
         "run.max_steps), run as a sweep in --out: spot-safe, resumable, several workers. Fit "
         "the result with `thrifty plan fit DIR`.",
     )
-    parser.add_argument("config", metavar="CONFIG.toml")
     parser.add_argument(
         "--size",
         required=True,
@@ -50,7 +49,7 @@ def register_isoflop(commands: argparse._SubParsersAction) -> None:
         "continues the grid there",
         json="print the grid (and the sweep's record) as JSON",
     )
-    add_set_option(parser)
+    add_config_options(parser)
     parser.set_defaults(handler=run_isoflop_command)
 
 
