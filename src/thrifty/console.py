@@ -86,9 +86,9 @@ def add_output_options(
 def call_with_options(
     function: Callable[..., T], args: argparse.Namespace, /, *positional: Any, **given: Any
 ) -> T:
-    """`function(*positional, **given)`, with each of its other keyword-only parameters set to
-    the command's option of the same name (`budget=args.budget`); a parameter the command has
-    no option for keeps its default."""
+    """`function(*positional, **given)` (or a class's, a keyword-only dataclass's fields), with
+    each of its other keyword-only parameters set to the command's option of the same name
+    (`budget=args.budget`); a parameter the command has no option for keeps its default."""
     import inspect
 
     options = {

@@ -84,7 +84,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     from thrifty.errors import ThriftyError
 
     try:
-        from thrifty.sweeps.plan import make_sweep
+        from thrifty.sweeps.plan import SweepOptions, make_sweep
         from thrifty.sweeps.report import print_table
         from thrifty.sweeps.runner import SweepStopped, run_sweep
     except ImportError as exc:
@@ -95,9 +95,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         ) from None
 
     out = Path(args.out) if args.out else Path("runs") / f"sweep-{Path(args.config).stem}"
-    plan = call_with_options(
-        make_sweep, args, args.config, args.space, out, say=lambda line: say("sweep", line)
-    )
+    options = call_with_options(SweepOptions, args)
+    plan = make_sweep(args.config, args.space, out, options, say=lambda line: say("sweep", line))
     try:
         record = run_sweep(plan)
     except SweepStopped as exc:
