@@ -1,5 +1,6 @@
 """What the commands share: the usage exit code, progress lines, their `--set`, `--out`,
-`--overwrite` and `--json` options, their `--out` folder, and the way they print tables and JSON.
+`--overwrite` and `--json` options, the call that hands their options on, their `--out` folder,
+and the way they print tables and JSON.
 
 Cheap to import: `thrifty --help` loads it with every command (rich is imported when a table
 is made).
@@ -11,9 +12,9 @@ import json
 import math
 import shutil
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from thrifty.errors import ThriftyError
 
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 
     from rich.console import Console
     from rich.table import Table as RichTable
+
+T = TypeVar("T")
 
 EXIT_USAGE = 2  # bad input: the command printed one line naming the problem and the fix
 JSON_HELP = "print the report as JSON"
@@ -50,6 +53,16 @@ def add_set_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_config_options(
+    parser: argparse.ArgumentParser, *, nargs: str | None = None, help: str | None = None
+) -> None:
+    """The CONFIG.toml a command reads (`nargs="?"` and its `help` where it may be left out)
+    and the `--set` items applied over it. The config is positional: where among the options
+    it is added changes neither the help nor the parsing."""
+    parser.add_argument("config", metavar="CONFIG.toml", nargs=nargs, help=help)
+    add_set_option(parser)
+
+
 def add_output_options(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     *,
@@ -68,6 +81,24 @@ def add_output_options(
         parser.add_argument("--overwrite", action="store_true", help=overwrite)
     if json:
         parser.add_argument("--json", action="store_true", help=JSON_HELP if json is True else json)
+
+
+def call_with_options(
+    function: Callable[..., T], args: argparse.Namespace, /, *positional: Any, **given: Any
+) -> T:
+    """`function(*positional, **given)` (or a class's, a keyword-only dataclass's fields), with
+    each of its other keyword-only parameters set to the command's option of the same name
+    (`budget=args.budget`); a parameter the command has no option for keeps its default."""
+    import inspect
+
+    options = {
+        name: getattr(args, name)
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+        and name not in given
+        and hasattr(args, name)
+    }
+    return function(*positional, **options, **given)
 
 
 def refuse_file(out: Path) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from thrifty.commands.plan import COUNT, FRACTION
-from thrifty.console import add_output_options, add_set_option
+from thrifty.console import add_config_options, add_output_options
 
 
 def _positive_int(text: str) -> int:
@@ -37,7 +37,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--bucket or --set is never written: the file names the environment variable "
         "that carries it.",
     )
-    parser.add_argument("config", metavar="CONFIG.toml")
     parser.add_argument("--gpus", required=True, metavar="GPU:COUNT", help="per node, e.g. H100:8")
     parser.add_argument("--nodes", type=_positive_int, default=1, metavar="N", help="default 1")
     parser.add_argument("--spot", action="store_true", help="spot instances (SkyPilot use_spot)")
@@ -77,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sweep.add_argument("--study", metavar="NAME", help="the study's name (default: the run's name)")
     _cost_options(parser)
-    add_set_option(parser)
+    add_config_options(parser)
     parser.set_defaults(handler=run_launch)
 
 

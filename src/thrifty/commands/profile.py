@@ -6,7 +6,7 @@ import argparse
 import json
 import tempfile
 
-from thrifty.console import add_output_options, add_set_option
+from thrifty.console import add_config_options, add_output_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,7 +16,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run a short job (the demo by default) with full instrumentation and print "
         "where each step's time goes, the bottleneck, the evidence and what to change.",
     )
-    parser.add_argument("config", metavar="CONFIG.toml", nargs="?", help="default: the demo")
     parser.add_argument(
         "--steps", type=int, default=20, metavar="N", help="steps to measure (default 20)"
     )
@@ -28,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="X",
         help="the device's peak TFLOP/s (for an unknown GPU)",
     )
-    add_set_option(parser)
+    add_config_options(parser, nargs="?", help="default: the demo")
     parser.set_defaults(handler=run_profile)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from thrifty import children
 from thrifty.commands.scale_report import compare, print_report, throughput_key
-from thrifty.console import add_output_options, add_set_option, prepare_out, refuse_file, say
+from thrifty.console import add_config_options, add_output_options, prepare_out, refuse_file, say
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.measure.bandwidth import MAX_BUS_BYTES, measure_bus_bandwidth
 from thrifty.plan.scaling import DDP_GRAD_BYTES_PER_PARAM
@@ -55,7 +55,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "global batch (batch.effective) the same, and print throughput, speed-up and scaling "
         "efficiency beside the efficiency thrifty plan predicts for the same setup.",
     )
-    parser.add_argument("config", metavar="CONFIG.toml")
     parser.add_argument(
         "--nprocs",
         required=True,
@@ -82,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         overwrite="replace runs an earlier scale left in --out",
         json=True,
     )
-    add_set_option(parser)
+    add_config_options(parser)
     parser.set_defaults(handler=run_scale)
 
 

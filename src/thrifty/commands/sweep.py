@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from thrifty.console import add_output_options, add_set_option
+from thrifty.console import add_config_options, add_output_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +22,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the same command continues a stopped sweep. Writes sweep.json (every trial, the best, "
         "compute and dollars, what pruning saved) and best.toml, which thrifty train runs as is.",
     )
-    parser.add_argument("config", metavar="CONFIG.toml")
     parser.add_argument(
         "--space",
         required=True,
@@ -58,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "runs/sweep-<config>); the same command continues the sweep there",
         json="print sweep.json on stdout instead of the table",
     )
-    add_set_option(parser)
+    add_config_options(parser)
     parser.set_defaults(handler=run_sweep_command)
 
 
@@ -81,11 +80,11 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     code 75, and the same command continues it."""
     from pathlib import Path
 
-    from thrifty.console import say, to_json
+    from thrifty.console import call_with_options, say, to_json
     from thrifty.errors import ThriftyError
 
     try:
-        from thrifty.sweeps.plan import make_sweep
+        from thrifty.sweeps.plan import SweepOptions, make_sweep
         from thrifty.sweeps.report import print_table
         from thrifty.sweeps.runner import SweepStopped, run_sweep
     except ImportError as exc:
@@ -96,19 +95,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         ) from None
 
     out = Path(args.out) if args.out else Path("runs") / f"sweep-{Path(args.config).stem}"
-    plan = make_sweep(
-        args.config,
-        args.space,
-        out,
-        trials=args.trials,
-        budget=args.budget,
-        pruner=args.pruner,
-        workers=args.workers,
-        storage=args.storage,
-        study=args.study,
-        overrides=args.overrides,
-        say=lambda line: say("sweep", line),
-    )
+    options = call_with_options(SweepOptions, args)
+    plan = make_sweep(args.config, args.space, out, options, say=lambda line: say("sweep", line))
     try:
         record = run_sweep(plan)
     except SweepStopped as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from thrifty.console import add_output_options, add_set_option
+from thrifty.console import add_config_options, add_output_options, add_set_option
 from thrifty.records.stop import StopReason
 
 if TYPE_CHECKING:
@@ -14,7 +14,6 @@ if TYPE_CHECKING:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    add_set_option(parser)
     add_output_options(
         parser,
         out="run directory (default: runs/<run.name>)",
@@ -60,6 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Train a small byte-level GPT from scratch on the Python standard library's "
         "own source files (no download) and print the run's summary.",
     )
+    add_set_option(demo)
     _common(demo)
     demo.set_defaults(handler=run_demo)
 
@@ -68,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="train the model, data and optimizer a TOML config names",
         description="Train a model from a TOML config whose [task] names factories by import path.",
     )
-    train.add_argument("config", metavar="CONFIG.toml")
+    add_config_options(train)
     _common(train)
     train.set_defaults(handler=run_train)
 

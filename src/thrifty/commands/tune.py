@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from thrifty.console import add_output_options, add_set_option
+from thrifty.console import add_config_options, add_output_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +23,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "as a TOML file thrifty train runs as is) and the waterfall from the config as given "
         "to the winner, lever by lever.",
     )
-    parser.add_argument("config", metavar="CONFIG.toml")
     parser.add_argument(
         "--budget",
         default="10m",
@@ -63,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "holding them is refused); without it, an unfinished tune of the same search is resumed",
         json=True,
     )
-    add_set_option(parser)
+    add_config_options(parser)
     parser.set_defaults(handler=run_tune_command)
 
 
@@ -72,24 +71,14 @@ def run_tune_command(args: argparse.Namespace) -> int:
     raise the one line that says why (exit code 2). Stopped by SIGTERM or SIGINT: one line,
     exit code 75, and the same command resumes."""
     from thrifty.config import parse_set_args
-    from thrifty.console import say, to_json
+    from thrifty.console import call_with_options, say, to_json
     from thrifty.errors import ThriftyError
     from thrifty.tuning.report import print_report, result_dict
     from thrifty.tuning.session import make_plan, read_given, run_tune
     from thrifty.tuning.stopping import TuneStopped
 
     given = read_given(args.config, parse_set_args(args.overrides))
-    plan = make_plan(
-        given,
-        args.config,
-        out=args.out,
-        budget=args.budget,
-        steps=args.steps,
-        levers=args.levers,
-        micro=args.micro,
-        instance=args.instance,
-        overwrite=args.overwrite,
-    )
+    plan = call_with_options(make_plan, args, given, args.config)
     try:
         result = run_tune(plan)
     except TuneStopped as exc:

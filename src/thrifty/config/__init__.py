@@ -19,6 +19,7 @@ from thrifty.config.files import (
     parse_override_value,
     parse_set_args,
     read_config_file,
+    read_config_toml,
     toml_literal,
     toml_loads,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "parse_override_value",
     "parse_set_args",
     "read_config_file",
+    "read_config_toml",
     "toml_literal",
     "toml_loads",
 ]

@@ -76,17 +76,21 @@ def parse_set_args(items: Iterable[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A config file's own TOML tables, without the record of earlier resumes."""
+def read_config_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """All of a config file's TOML tables, the record of earlier resumes (HISTORY_TABLE, in a
+    run's config.toml) included."""
     path = Path(path)
     try:
-        text = path.read_text()
+        return toml_loads(path.read_text())
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
-    try:
-        loaded = toml_loads(text)
-    except Exception as exc:
+    except ValueError as exc:  # tomllib.TOMLDecodeError, or a file that is not UTF-8
         raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A config file's own TOML tables, without the record of earlier resumes."""
+    loaded = read_config_toml(path)
     loaded.pop(HISTORY_TABLE, None)  # a record of earlier resumes, not settings
     return loaded
 

@@ -29,6 +29,7 @@ from thrifty.config import (
     dump_toml,
     flatten_keys,
     parse_duration,
+    read_config_toml,
     toml_loads,
 )
 from thrifty.errors import ConfigError
@@ -262,7 +263,7 @@ def _budget_value(key: str, value: Any) -> float | None:
 
 def same_config(saved: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
     """Whether `current` (`to_dict(secrets=False)`) is the config a run's config.toml holds
-    (`read_saved_config`), read back as TOML so that a tuple equals the list it was written
+    (`thrifty.config.read_config_file`), read back as TOML so that a tuple equals the list it was written
     as. Where the run directory is (run.out) is no difference: this is that directory."""
     written = toml_loads(dump_toml(current))
     return not [c for c in diff_configs(saved, written) if c.key != "run.out"]
@@ -286,20 +287,11 @@ def budget_grew(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[Ch
 # config.toml: the current config, and what earlier resumes changed
 
 
-def _read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    try:
-        return toml_loads(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
-    except ValueError as exc:  # tomllib.TOMLDecodeError
-        raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
-
-
 def read_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The `[[config_changes]]` entries of a run's config.toml; [] when it has none (or when
     there is no readable file: the history is a record, never a reason to stop a run)."""
     try:
-        history = _read_toml(path).get(HISTORY_TABLE, [])
+        history = read_config_toml(path).get(HISTORY_TABLE, [])
     except ConfigError:
         return []
     return history if isinstance(history, list) else []
@@ -333,13 +325,6 @@ def write_run_config(
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(CONFIG_HEADER_LINE + dump_toml(data))
     os.replace(tmp, path)
-
-
-def read_saved_config(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A run's config.toml as a plain dict without its history (the config it last ran with)."""
-    loaded = _read_toml(path)
-    loaded.pop(HISTORY_TABLE, None)
-    return loaded
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.checkpoint import CheckpointInfo, CheckpointManager
-from thrifty.config import CheckpointConfig, TrainConfig
+from thrifty.config import CheckpointConfig, TrainConfig, read_config_file
 from thrifty.errors import RunAlreadyFinished, ThriftyError
 from thrifty.measure.cost import LostWork, lost_work
 from thrifty.measure.loggers import build_loggers, require_packages
@@ -28,7 +28,6 @@ from thrifty.run.config_changes import (
     ResumeChanges,
     budget_grew,
     format_applied,
-    read_saved_config,
     same_config,
     write_run_config,
 )
@@ -116,7 +115,7 @@ def _finished_run(config: TrainConfig, interface: str, run_dir: Path) -> list[Ch
     is nothing to do (RunAlreadyFinished); with another it is refused, as it is when its
     config.toml is missing or it diverged (a failure, not a result to hand back)."""
     path = run_dir / "config.toml"
-    saved = read_saved_config(path) if path.exists() else None
+    saved = read_config_file(path) if path.exists() else None
     current = config.to_dict(secrets=False)
     grew = budget_grew(saved, current) if saved is not None else []
     if grew:

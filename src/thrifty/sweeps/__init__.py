@@ -42,13 +42,10 @@ def sweep(
     """
     from pathlib import Path
 
-    from thrifty.sweeps.plan import make_sweep
+    from thrifty.sweeps.plan import SweepOptions, make_sweep
     from thrifty.sweeps.runner import run_sweep
 
-    plan = make_sweep(
-        config if isinstance(config, Mapping) else Path(config),
-        space if isinstance(space, Mapping) else Path(space),
-        Path(out),
+    options = SweepOptions(
         trials=trials,
         budget=budget,
         pruner=pruner,
@@ -56,6 +53,12 @@ def sweep(
         storage=storage,
         study=study,
         overrides=overrides,
+    )
+    plan = make_sweep(
+        config if isinstance(config, Mapping) else Path(config),
+        space if isinstance(space, Mapping) else Path(space),
+        Path(out),
+        options,
         say=say,
     )
     return run_sweep(plan)

@@ -123,20 +123,17 @@ def run_grid(
     """Run the grid as a sweep in `out` (its trials are the grid's runs, never pruned: every
     run's final loss is a point of the fit) and return the sweep's record. The same call
     continues a grid stopped part way."""
-    from thrifty.sweeps.plan import make_sweep
+    from thrifty.sweeps.plan import SweepOptions, make_sweep
     from thrifty.sweeps.runner import run_sweep
 
-    plan = make_sweep(
-        config,
-        space(key, runs),
-        Path(out),
+    options = SweepOptions(
         trials=len(runs),
         pruner="none",
         workers=workers,
         storage=storage,
         overrides=[f"{STEPS_KEY}={min(r.steps for r in runs)}", *overrides],  # each run sets its own
-        say=say,
     )
+    plan = make_sweep(config, space(key, runs), Path(out), options, say=say)
     for run in runs:  # a grid's points, not a sampler's: queued once, whatever the restarts
         plan.study.enqueue_trial({key: run.size, STEPS_KEY: run.steps}, skip_if_exists=True)
     return run_sweep(plan)

@@ -9,6 +9,7 @@ import re
 import socket
 import zlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,29 +34,40 @@ _TRIAL_DIR = re.compile(r"\d{4,}")
 REPORT_HTML = "report.html"  # the page `thrifty report DIR` draws of the sweep, in its --out
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SweepOptions:
+    """How a sweep runs, as `thrifty.sweeps.sweep` and `thrifty sweep` take it: the most
+    `trials`, the `budget`, the `pruner`, the `workers` on this machine, the `storage` and
+    `study` several machines share, and the `overrides` ("section.key=value") of every trial."""
+
+    trials: int | None = None
+    budget: str | None = None
+    pruner: str = "forecast"
+    workers: int = 1
+    storage: str | None = None
+    study: str | None = None
+    overrides: Sequence[str] = ()
+
+
 def make_sweep(
     config: str | Path | Mapping[str, Any],
     space: str | Path | Mapping[str, Any],
     out: str | Path,
+    options: SweepOptions | None = None,
     *,
-    trials: int | None = None,
-    budget: str | None = None,
-    pruner: str = "forecast",
-    workers: int = 1,
-    storage: str | None = None,
-    study: str | None = None,
-    overrides: Sequence[str] = (),
     seed: int | None = None,
     say: Callable[[str], None] = print,
 ) -> Sweep:
     """A sweep ready to run; see `thrifty.sweeps.sweep`."""
+    o = options or SweepOptions()
+    trials, budget, pruner, workers, storage = o.trials, o.budget, o.pruner, o.workers, o.storage
     if trials is not None and trials < 1:
         raise ThriftyError(f"--trials {trials} is invalid: at least 1")
     if workers < 1:
         raise ThriftyError(f"--workers {workers} is invalid: at least 1")
     if pruner not in pruning.PRUNERS:
         raise ThriftyError(f"--pruner {pruner!r} is unknown: use one of {', '.join(pruning.PRUNERS)}")
-    given = read_config(config, overrides)
+    given = read_config(config, o.overrides)
     where = "the config" if isinstance(config, Mapping) else str(config)
     cfg = TrainConfig.from_dict(given)
     if cfg.run.out is not None:
@@ -88,7 +100,7 @@ def make_sweep(
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     print_ = fingerprint(given, the_space.canonical())
-    the_study = load_or_create(store, study or _study_name(folder), print_, the_pruner)
+    the_study = load_or_create(store, o.study or _study_name(folder), print_, the_pruner)
     base_seed = seed if seed is not None else cfg.run.seed
     if storage is not None:  # several machines ask at once: each its own stream
         base_seed += zlib.crc32(f"{socket.gethostname()}:{os.getpid()}".encode())
@@ -104,7 +116,7 @@ def make_sweep(
             trials = hyperband.round_size(plan_brackets)  # one round of every bracket
     setup = TrialSetup(
         config_text=_config_text(config),
-        overrides=list(overrides),
+        overrides=list(o.overrides),
         out=folder,
         env=trial_env(workers),
         pruner_name=pruner,

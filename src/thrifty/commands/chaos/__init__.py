@@ -38,7 +38,7 @@ from thrifty.commands.chaos.compare import compare_states
 from thrifty.commands.chaos.kills import Kill, plan_kills
 from thrifty.commands.chaos.report import print_report
 from thrifty.commands.chaos.runner import Attempt, run_both
-from thrifty.console import add_output_options, add_set_option, prepare_out, refuse_file
+from thrifty.console import add_config_options, add_output_options, prepare_out, refuse_file
 from thrifty.errors import ThriftyError
 
 __all__ = [
@@ -70,30 +70,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "match the uninterrupted run bit for bit. Exit codes: 0 identical, 1 different (or the "
         "interrupted run failed to resume), 2 bad input.",
     )
-    chaos.add_argument("config", metavar="CONFIG.toml")
-    chaos.add_argument(
-        "--kills",
-        type=int,
-        default=DEFAULT_KILLS,
-        metavar="K",
-        help=f"how many times to SIGKILL the job (default {DEFAULT_KILLS})",
-    )
-    chaos.add_argument(
-        "--every",
-        type=int,
-        default=DEFAULT_EVERY,
-        metavar="N",
-        help=f"checkpoint every N steps in both runs (default {DEFAULT_EVERY})",
-    )
-    chaos.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        metavar="S",
-        help="seed for choosing the kill moments (default 0)",
-    )
+    for flag, default, metavar, text in (
+        ("--kills", DEFAULT_KILLS, "K", "how many times to SIGKILL the job"),
+        ("--every", DEFAULT_EVERY, "N", "checkpoint every N steps in both runs"),
+        ("--seed", 0, "S", "seed for choosing the kill moments"),
+    ):
+        chaos.add_argument(
+            flag, type=int, default=default, metavar=metavar, help=f"{text} (default {default})"
+        )
     chaos.add_argument("--steps", type=int, metavar="N", help="optimizer steps (run.max_steps)")
-    add_set_option(chaos)
+    add_config_options(chaos)
     add_output_options(
         chaos,
         out="where both runs go (default runs/chaos-<run.name>)",

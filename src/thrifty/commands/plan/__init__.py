@@ -193,18 +193,14 @@ def _plan_memory_options(plan: argparse.ArgumentParser) -> None:
         default=4,
         help="bytes per gradient value in the all-reduce (default 4: fp32 under autocast)",
     )
-    mem.add_argument(
-        "--bus-bandwidth",
-        type=BANDWIDTH,
-        metavar="BW",
-        help="intra-node all-reduce bandwidth with unit, e.g. 300GB/s or '600GB/s bidirectional'",
-    )
-    mem.add_argument(
-        "--network-bandwidth",
-        type=BANDWIDTH,
-        metavar="BW",
-        help="inter-node network bandwidth per node with unit, e.g. 400Gb/s",
-    )
+    for flag, text in (
+        (
+            "--bus-bandwidth",
+            "intra-node all-reduce bandwidth with unit, e.g. 300GB/s or '600GB/s bidirectional'",
+        ),
+        ("--network-bandwidth", "inter-node network bandwidth per node with unit, e.g. 400Gb/s"),
+    ):
+        mem.add_argument(flag, type=BANDWIDTH, metavar="BW", help=text)
 
 
 def _plan_spot_options(plan: argparse.ArgumentParser) -> None:
@@ -246,18 +242,12 @@ def _plan_spot_options(plan: argparse.ArgumentParser) -> None:
 def _plan_budget_options(plan: argparse.ArgumentParser) -> None:
     budget = plan.add_argument_group("compute-optimal size for a budget (Chinchilla)")
     which = budget.add_mutually_exclusive_group()
-    which.add_argument(
-        "--budget-flops", type=COUNT, metavar="C", help="budget in FLOPs, e.g. 5.88e23"
-    )
-    which.add_argument(
-        "--budget-gpu-hours",
-        type=COUNT,
-        metavar="H",
-        help="budget in GPU-hours (needs --gpu or --instance)",
-    )
-    which.add_argument(
-        "--budget-dollars", type=COUNT, metavar="USD", help="budget in USD (needs --instance)"
-    )
+    for flag, metavar, text in (
+        ("--budget-flops", "C", "budget in FLOPs, e.g. 5.88e23"),
+        ("--budget-gpu-hours", "H", "budget in GPU-hours (needs --gpu or --instance)"),
+        ("--budget-dollars", "USD", "budget in USD (needs --instance)"),
+    ):
+        which.add_argument(flag, type=COUNT, metavar=metavar, help=text)
     budget.add_argument(
         "--fit",
         type=FIT,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from thrifty.commands.sweep import add_worker_options
-from thrifty.console import add_output_options, add_set_option
+from thrifty.console import add_config_options, add_output_options
 
 
 def register_isoflop(commands: argparse._SubParsersAction) -> None:
@@ -27,7 +27,6 @@ def register_isoflop(commands: argparse._SubParsersAction) -> None:
         "run.max_steps), run as a sweep in --out: spot-safe, resumable, several workers. Fit "
         "the result with `thrifty plan fit DIR`.",
     )
-    parser.add_argument("config", metavar="CONFIG.toml")
     parser.add_argument(
         "--size",
         required=True,
@@ -50,7 +49,7 @@ def register_isoflop(commands: argparse._SubParsersAction) -> None:
         "continues the grid there",
         json="print the grid (and the sweep's record) as JSON",
     )
-    add_set_option(parser)
+    add_config_options(parser)
     parser.set_defaults(handler=run_isoflop_command)
 
 
@@ -61,7 +60,7 @@ def run_isoflop_command(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from thrifty.commands.plan import _count
-    from thrifty.console import Table, console, say, to_json
+    from thrifty.console import Table, call_with_options, console, say, to_json
     from thrifty.errors import ConfigError, ThriftyError
     from thrifty.sweeps.isoflop import layout, parse_sizes, run_grid
 
@@ -101,15 +100,8 @@ def run_isoflop_command(args: argparse.Namespace) -> int:
         raise ThriftyError("thrifty plan isoflop runs a sweep: pip install 'thrifty[sweep]'") from None
     out = Path(args.out) if args.out else Path("runs") / f"isoflop-{Path(args.config).stem}"
     try:
-        record = run_grid(
-            args.config,
-            key,
-            runs,
-            out,
-            workers=args.workers,
-            storage=args.storage,
-            overrides=args.overrides,
-            say=lambda line: say("plan isoflop", line),
+        record = call_with_options(
+            run_grid, args, args.config, key, runs, out, say=lambda line: say("plan isoflop", line)
         )
     except SweepStopped as exc:
         say("plan isoflop", str(exc))

@@ -360,18 +360,17 @@ def _levers_section(
 def budget_from_args(args: argparse.Namespace, catalog: Catalog | None) -> tuple[float, list[str]]:
     """The budget options (--budget-flops, --budget-gpu-hours or --budget-dollars, priced on
     --instance or --gpu at --mfu) in FLOPs, with how they were converted."""
+    from thrifty.console import call_with_options
     from thrifty.plan.chinchilla import budget_flops
     from thrifty.plan.estimate import DEFAULT_MFU
 
-    return budget_flops(
+    return call_with_options(  # --instance, --gpu, --dtype and --pricing
+        budget_flops,
+        args,
         flops=args.budget_flops,
         gpu_hours=args.budget_gpu_hours,
         dollars=args.budget_dollars,
-        instance=args.instance,
-        gpu=args.gpu,
-        dtype=args.dtype,
         mfu=args.mfu if args.mfu is not None else DEFAULT_MFU,
-        pricing=args.pricing,
         catalog=catalog,
     )
 
