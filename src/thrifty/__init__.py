@@ -9,41 +9,26 @@ from thrifty.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "Trainer": "thrifty.trainer",
-    "FitResult": "thrifty.trainer",
-    "TrainConfig": "thrifty.config",
-    "load_config": "thrifty.config",
-    "RunConfig": "thrifty.config",
-    "PrecisionConfig": "thrifty.config",
-    "ActivationCheckpointingConfig": "thrifty.config",
-    "BatchConfig": "thrifty.config",
-    "OptimizerConfig": "thrifty.config",
-    "ScheduleConfig": "thrifty.config",
-    "DataConfig": "thrifty.config",
-    "CompileConfig": "thrifty.config",
-    "EvalConfig": "thrifty.config",
-    "EarlyStoppingConfig": "thrifty.config",
-    "TaskConfig": "thrifty.config",
-    "apply_activation_checkpointing": "thrifty.levers.activation_checkpointing",
-    "find_repeated_blocks": "thrifty.levers.activation_checkpointing",
-    "resolve_precision": "thrifty.levers.precision",
-    "loss_weights": "thrifty.levers.accumulation",
-    "scaled_lr": "thrifty.levers.schedule",
-    "lr_multiplier": "thrifty.levers.schedule",
-    "build_scheduler": "thrifty.levers.schedule",
-    "choose_num_workers": "thrifty.data.loading",
-    "build_loader": "thrifty.data.loading",
-    "EpochSampler": "thrifty.data.loading",
-    "LoaderSettings": "thrifty.data.loading",
-    "EarlyStopping": "thrifty.levers.early_stopping",
-    "tune": "thrifty.tuning",
-    "sweep": "thrifty.sweeps",
-    "ThriftyError": "thrifty.errors",
-    "ConfigError": "thrifty.errors",
-    "DataSourceError": "thrifty.errors",
+_EXPORTS = {  # module: the names it lends the package
+    "thrifty.trainer": "Trainer FitResult",
+    "thrifty.config": (
+        "TrainConfig load_config RunConfig PrecisionConfig ActivationCheckpointingConfig "
+        "BatchConfig OptimizerConfig ScheduleConfig DataConfig CompileConfig EvalConfig "
+        "EarlyStoppingConfig TaskConfig"
+    ),
+    "thrifty.levers.activation_checkpointing": (
+        "apply_activation_checkpointing find_repeated_blocks"
+    ),
+    "thrifty.levers.precision": "resolve_precision",
+    "thrifty.levers.accumulation": "loss_weights",
+    "thrifty.levers.schedule": "scaled_lr lr_multiplier build_scheduler",
+    "thrifty.data.loading": "choose_num_workers build_loader EpochSampler LoaderSettings",
+    "thrifty.levers.early_stopping": "EarlyStopping",
+    "thrifty.tuning": "tune",
+    "thrifty.sweeps": "sweep",
+    "thrifty.errors": "ThriftyError ConfigError DataSourceError",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = sorted(name for names in _EXPORTS.values() for name in names.split()) + ["__version__"]
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

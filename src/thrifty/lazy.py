@@ -14,15 +14,17 @@ from typing import Any
 def lazy_exports(
     namespace: dict[str, Any], exports: Mapping[str, str]
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """A package's `__getattr__` and `__dir__` for the names in `exports` (name: module path).
+    """A package's `__getattr__` and `__dir__` for the names in `exports` (a module's path: the
+    names it lends the package, separated by spaces).
 
     `__getattr__` imports a name's module on first use and stores the value in `namespace` (the
     package's globals), so later lookups skip it; `__dir__` lists the package's `__all__`.
     """
+    home = {name: module for module, names in exports.items() for name in names.split()}
     package = namespace["__name__"]
 
     def __getattr__(name: str) -> Any:
-        module = exports.get(name)
+        module = home.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(module), name)

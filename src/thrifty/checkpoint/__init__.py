@@ -30,27 +30,21 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time __getattr__ l
     from thrifty.checkpoint.storage import open_storage as open_storage
     from thrifty.checkpoint.storage import redact as redact
 
-_EXPORTS = {
-    "CheckpointError": "thrifty.checkpoint.errors",
-    "CorruptCheckpointError": "thrifty.checkpoint.errors",
-    "NoValidCheckpointError": "thrifty.checkpoint.errors",
-    "TransientStorageError": "thrifty.checkpoint.errors",
-    "UnsafeCheckpointError": "thrifty.checkpoint.errors",
-    "load_checkpoint": "thrifty.checkpoint.loading",
-    "CheckpointInfo": "thrifty.checkpoint.finding",
-    "CheckpointManager": "thrifty.checkpoint.manager",
-    "Manifest": "thrifty.checkpoint.manifest",
-    "step_dir": "thrifty.checkpoint.manifest",
-    "checkpoints_to_keep": "thrifty.checkpoint.retention",
-    "RetryPolicy": "thrifty.checkpoint.retry",
-    "copy_to_host": "thrifty.checkpoint.snapshot",
-    "FsspecStorage": "thrifty.checkpoint.storage",
-    "LocalStorage": "thrifty.checkpoint.storage",
-    "Storage": "thrifty.checkpoint.storage",
-    "open_storage": "thrifty.checkpoint.storage",
-    "redact": "thrifty.checkpoint.storage",
+_EXPORTS = {  # module: the names it lends the package
+    "thrifty.checkpoint.errors": (
+        "CheckpointError CorruptCheckpointError NoValidCheckpointError TransientStorageError "
+        "UnsafeCheckpointError"
+    ),
+    "thrifty.checkpoint.loading": "load_checkpoint",
+    "thrifty.checkpoint.finding": "CheckpointInfo",
+    "thrifty.checkpoint.manager": "CheckpointManager",
+    "thrifty.checkpoint.manifest": "Manifest step_dir",
+    "thrifty.checkpoint.retention": "checkpoints_to_keep",
+    "thrifty.checkpoint.retry": "RetryPolicy",
+    "thrifty.checkpoint.snapshot": "copy_to_host",
+    "thrifty.checkpoint.storage": "FsspecStorage LocalStorage Storage open_storage redact",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(name for names in _EXPORTS.values() for name in names.split())
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from thrifty.commands.plan import COUNT, FRACTION
+from thrifty.commands.plan.options import COUNT, FRACTION
 from thrifty.console import add_config_options, add_output_options
 
 

@@ -10,30 +10,16 @@ from __future__ import annotations
 
 from thrifty.lazy import lazy_exports
 
-_EXPORTS = {
-    "FlopCount": "thrifty.measure.flops",
-    "count_flops": "thrifty.measure.flops",
-    "transformer_flops_per_token": "thrifty.measure.flops",
-    "mfu": "thrifty.measure.flops",
-    "Peak": "thrifty.measure.peak",
-    "peak_flops": "thrifty.measure.peak",
-    "match_gpu": "thrifty.measure.peak",
-    "measure_cpu_peak": "thrifty.measure.peak",
-    "bf16_speedup": "thrifty.measure.peak",
-    "SystemSampler": "thrifty.measure.system",
-    "Evidence": "thrifty.measure.diagnosis",
-    "LeverMeasurement": "thrifty.measure.diagnosis",
-    "Diagnosis": "thrifty.measure.diagnosis",
-    "Recommendation": "thrifty.measure.diagnosis",
-    "diagnose": "thrifty.measure.diagnosis",
-    "BOTTLENECKS": "thrifty.measure.diagnosis",
-    "CostConfig": "thrifty.measure.cost",
-    "CostMeter": "thrifty.measure.cost",
-    "CostSnapshot": "thrifty.measure.cost",
-    "CostProjection": "thrifty.measure.cost",
-    "CostSummary": "thrifty.measure.cost",
+_EXPORTS = {  # module: the names it lends the package
+    "thrifty.measure.flops": "FlopCount count_flops transformer_flops_per_token mfu",
+    "thrifty.measure.peak": "Peak peak_flops match_gpu measure_cpu_peak bf16_speedup",
+    "thrifty.measure.system": "SystemSampler",
+    "thrifty.measure.diagnosis": (
+        "Evidence LeverMeasurement Diagnosis Recommendation diagnose BOTTLENECKS"
+    ),
+    "thrifty.measure.cost": "CostConfig CostMeter CostSnapshot CostProjection CostSummary",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(name for names in _EXPORTS.values() for name in names.split())
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

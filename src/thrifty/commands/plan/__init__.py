@@ -11,79 +11,18 @@ Registering only builds the parser; the handler imports the planner when it runs
 from __future__ import annotations
 
 import argparse
-import os
-from collections.abc import Callable
-from typing import Any
 
+from thrifty.commands.plan.options import (
+    ANY_FLOAT,
+    BANDWIDTH,
+    COUNT,
+    DTYPES,
+    FIT,
+    FLOAT,
+    FRACTION,
+    INT,
+)
 from thrifty.commands.prices import add_catalog_options
-from thrifty.errors import ConfigError
-
-DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
-FIT_NAMES = ("epoch", "hoffmann", "tokens-per-param")  # thrifty.plan.chinchilla.FIT_NAMES
-
-
-def _typed(kind: str, parse: Callable[[str], Any], positive: bool = True) -> Callable[[str], Any]:
-    """An argparse type that reports a bad value as one line naming the value and the fix."""
-
-    def convert(text: str) -> Any:
-        try:
-            value = parse(text)
-        except (ConfigError, ValueError) as exc:
-            raise argparse.ArgumentTypeError(str(exc) or f"not {kind}: {text!r}") from None
-        if positive and not value > 0:
-            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
-        return value
-
-    convert.__name__ = kind
-    return convert
-
-
-def _count(text: str) -> float:
-    from thrifty.plan.units import parse_count
-
-    return parse_count(text, "")
-
-
-def _int(text: str) -> int:
-    """A whole number written any way a count is (64, 1e3, 2K)."""
-    value = _count(text)
-    if not value.is_integer():
-        raise ConfigError(f"expected a whole number, got {text!r}")
-    return int(value)
-
-
-def _fraction(text: str) -> float:
-    """A fraction in (0, 1]; checked while parsing so that every section sees the same rule."""
-    value = _count(text)
-    if not 0 < value <= 1:
-        hint = f"; for {value:g}% write {value / 100:g}" if 1 < value <= 100 else ""
-        raise ConfigError(f"must be a fraction in (0, 1], got {text!r}{hint}")
-    return value
-
-
-def _bandwidth(text: str) -> float:
-    from thrifty.plan.units import parse_bandwidth
-
-    return parse_bandwidth(text, "")
-
-
-def _fit(text: str) -> str:
-    """A named fit, or a path to a saved fit or a folder of runs (read when the plan runs)."""
-    if text in FIT_NAMES or os.path.exists(text):
-        return text
-    raise ConfigError(
-        f"must be {', '.join(FIT_NAMES)}, a saved fit (FILE.json from 'thrifty plan fit --out') "
-        f"or a folder of runs; no such file or folder: {text!r}"
-    )
-
-
-COUNT = _typed("a number", _count)
-INT = _typed("a whole number", _int)
-FLOAT = _typed("a number", _count)
-FRACTION = _typed("a fraction", _fraction)
-FIT = _typed("a fit", _fit, positive=False)
-ANY_FLOAT = _typed("a number", _count, positive=False)
-BANDWIDTH = _typed("a bandwidth", _bandwidth)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -150,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_catalog_options(plan)
     plan.set_defaults(handler=_run_plan)
-    from thrifty.commands.plan.fit import register_fit  # needs this module's types, defined above
+    from thrifty.commands.plan.fit import register_fit
     from thrifty.commands.plan.isoflop import register_isoflop
 
     commands = plan.add_subparsers(

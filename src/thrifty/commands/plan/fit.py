@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from thrifty.commands.plan import COUNT, DTYPES, FRACTION, INT
+from thrifty.commands.plan.options import COUNT, DTYPES, FRACTION, INT
 from thrifty.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ def _run_fit(args: argparse.Namespace) -> int:
 
 def _budget(args: argparse.Namespace) -> tuple[float | None, list[str]]:
     """The budget in FLOPs (None: no budget given) and how it was converted, as `plan` does."""
-    from thrifty.commands.plan.sections import budget_from_args
+    from thrifty.commands.plan.options import budget_from_args
     from thrifty.plan.catalog import load_catalog
 
     given = (args.budget_flops, args.budget_gpu_hours, args.budget_dollars)

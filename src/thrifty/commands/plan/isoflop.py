@@ -59,14 +59,14 @@ def run_isoflop_command(args: argparse.Namespace) -> int:
     import shlex
     from pathlib import Path
 
-    from thrifty.commands.plan import _count
+    from thrifty.commands.plan.options import count
     from thrifty.console import Table, call_with_options, console, say, to_json
     from thrifty.errors import ConfigError, ThriftyError
     from thrifty.sweeps.isoflop import layout, parse_sizes, run_grid
 
     key, sizes = parse_sizes(args.size)
     try:
-        budgets = [_count(item) for item in args.flops.split(",")]
+        budgets = [count(item) for item in args.flops.split(",")]
     except (ConfigError, ValueError):
         raise ConfigError(f"--flops {args.flops!r}: give FLOP budgets, e.g. 1e13,3e13,1e14") from None
     if args.workers < 1:

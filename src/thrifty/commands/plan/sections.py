@@ -357,25 +357,8 @@ def _levers_section(
         plot_waterfall(plan, args.plot, title=f"Cost levers on {hardware.instance.name}")
 
 
-def budget_from_args(args: argparse.Namespace, catalog: Catalog | None) -> tuple[float, list[str]]:
-    """The budget options (--budget-flops, --budget-gpu-hours or --budget-dollars, priced on
-    --instance or --gpu at --mfu) in FLOPs, with how they were converted."""
-    from thrifty.console import call_with_options
-    from thrifty.plan.chinchilla import budget_flops
-    from thrifty.plan.estimate import DEFAULT_MFU
-
-    return call_with_options(  # --instance, --gpu, --dtype and --pricing
-        budget_flops,
-        args,
-        flops=args.budget_flops,
-        gpu_hours=args.budget_gpu_hours,
-        dollars=args.budget_dollars,
-        mfu=args.mfu if args.mfu is not None else DEFAULT_MFU,
-        catalog=catalog,
-    )
-
-
 def _chinchilla_section(args: argparse.Namespace, catalog: Catalog, sections: Sections) -> None:
+    from thrifty.commands.plan.options import budget_from_args
     from thrifty.plan.chinchilla import FIT_NAMES, chinchilla
 
     flops, notes = budget_from_args(args, catalog)
