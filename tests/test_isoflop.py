@@ -5,13 +5,12 @@ once each even when the command runs again, and read back by `thrifty plan fit`.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import tomli_w
 
+from thrifty import cli
 from thrifty.demo import DEMO_CONFIG, build_model
 from thrifty.errors import ConfigError
 from thrifty.plan.lawpoints import read_points
@@ -71,17 +70,19 @@ def test_a_grid_that_cannot_be_laid_out_is_one_line(config, size, flops, words):
         layout(config, key, sizes, flops)
 
 
-def isoflop(config: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "thrifty", "plan", "isoflop", str(config)]
-    command += ["--size", f"{KEY}=8,12,16", "--flops", "2e8,6e8", "--out", str(out), *extra]
-    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+def isoflop(capsys, config: Path, out: Path, *extra: str) -> tuple[int, str]:
+    """The command run here (its runs are processes of their own): its exit code and stderr."""
+    argv = ["plan", "isoflop", str(config)]
+    argv += ["--size", f"{KEY}=8,12,16", "--flops", "2e8,6e8", "--out", str(out), *extra]
+    code = cli.main(argv)
+    return code, capsys.readouterr().err
 
 
-def test_the_grid_runs_as_a_sweep_once_and_plan_fit_reads_its_runs(config, tmp_path):
+def test_the_grid_runs_as_a_sweep_once_and_plan_fit_reads_its_runs(config, tmp_path, capsys):
     out = tmp_path / "grid 'one'"
-    done = isoflop(config, out, "--workers", "2")
-    assert done.returncode == 0, done.stderr
-    assert "thrifty plan fit " in done.stderr
+    code, err = isoflop(capsys, config, out, "--workers", "2")
+    assert code == 0, err
+    assert "thrifty plan fit " in err
     expected = {(r.size, r.steps) for r in layout(config, KEY, [8, 12, 16], [2e8, 6e8])}
     record = json.loads((out / "sweep.json").read_text())
     ran = {(t["params"][KEY], t["params"]["run.max_steps"]) for t in record["trials"]}
@@ -97,7 +98,7 @@ def test_the_grid_runs_as_a_sweep_once_and_plan_fit_reads_its_runs(config, tmp_p
         model_args = {**CONFIG["task"]["model_args"], "n_embd": by_steps[int(steps)]}
         assert p.params == sum(q.numel() for q in build_model(**model_args).parameters())
     # The same command again runs nothing more: the grid's points were queued once.
-    again = isoflop(config, out)
-    assert again.returncode == 0, again.stderr
+    code, err = isoflop(capsys, config, out)
+    assert code == 0, err
     assert len(json.loads((out / "sweep.json").read_text())["trials"]) == 6
     assert len(list((out / "trials").iterdir())) == 6

@@ -85,7 +85,9 @@ def write_inputs(folder: Path, steps: int) -> tuple[Path, Path]:
 
 def env() -> dict[str, str]:
     path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path}
+    # The trials train on the CPU: no GPU for them to share out, so the sweep's own process
+    # need not import torch to count the GPUs.
+    return {**os.environ, "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}
 
 
 def sweep_command(config: Path, space: Path, out: Path, *extra: str) -> list[str]:
@@ -148,7 +150,8 @@ def test_a_killed_sweep_resumes_its_trial_from_its_checkpoint_and_decides_as_if_
     tmp_path: Path,
 ) -> None:
     config, space = write_inputs(tmp_path, steps=80)
-    args = ("--trials", "3", "--pruner", "asha")
+    # Two trials: the second one the pruner compares with the first (its rung's best) at step 10.
+    args = ("--trials", "2", "--pruner", "asha")
 
     # The same sweep twice: never stopped, and SIGKILLed while its first trial trains.
     whole = run(sweep_command(config, space, tmp_path / "whole", *args))

@@ -24,7 +24,7 @@ from dist_task import Net
 from thrifty import cli
 from thrifty.config import load_config, toml_loads
 from thrifty.errors import ConfigError, ThriftyError
-from thrifty.tuning import session
+from thrifty.tuning import compare, session
 from thrifty.tuning.api import import_path
 from thrifty.tuning.configs import trial_config, winner_config
 from thrifty.tuning.report import print_report, result_dict
@@ -99,11 +99,12 @@ def out_of_memory() -> torch.nn.Module:
 
 
 class WaitsPerForward(Net):
-    """Each forward waits 20 ms, a fixed cost per micro-batch (and no CPU's: a busy machine
-    slows it little): 8 times the micro-batch, nearly 8 times the samples per second."""
+    """Each forward waits 100 ms, a fixed cost per micro-batch (and no CPU's: a busy machine
+    slows it little, next to the wait): 8 times the micro-batch, nearly 8 times the samples
+    per second, steadily enough that two paired rounds tell."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(0.02)
+        time.sleep(0.1)
         return super().forward(x)
 
 
@@ -557,13 +558,18 @@ def test_real_trials_write_a_winner_thrifty_train_runs_as_is(
 
 
 def test_real_trials_keep_a_lever_on_paired_runs_and_the_waterfall_shows_their_figures(
-    tmp_path, capsys, children_import_tests
+    tmp_path, capsys, children_import_tests, monkeypatch
 ):
+    # The tune sizes its paired runs here, in this process: about 1 s of steps each, at least
+    # MIN_MEASURED_STEPS (2) after the warm-up one: more steps than the trials' 2.
+    monkeypatch.setattr(compare, "BLOCK_SECONDS", 1.0)
     config = tmp_path / "job.toml"
     given = CONFIG.format(model="test_tune:waits_per_forward")
     config.write_text(given.replace("micro = 8", "micro = 2"))
     out = tmp_path / "tune"
-    argv = ["tune", str(config), "--levers", "micro", "--micro", "16", "--steps", "4"]
+    trial_steps = 2
+    argv = ["tune", str(config), "--levers", "micro", "--micro", "16"]
+    argv += ["--steps", str(trial_steps)]
     assert cli.main([*argv, "--out", str(out), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report == json.loads((out / "tune.json").read_text())
@@ -585,7 +591,8 @@ def test_real_trials_keep_a_lever_on_paired_runs_and_the_waterfall_shows_their_f
         roles = [b["name"].rsplit(".", 1)[1] for b in c["blocks"]]
         assert roles[:5] == ["a0", "b1", "a1", "b2", "a2"] and len(roles) == 2 * c["rounds"] + 1
         steps = {b["steps_completed"] for b in c["blocks"]}
-        assert len(steps) == 1 and steps.pop() > 4  # as many for both, more than the trials'
+        # as many for both, more than the trials'
+        assert len(steps) == 1 and steps.pop() > trial_steps
         for block in c["blocks"]:  # each a process of its own
             assert block["status"] == "ok" and (Path(block["run_dir"]) / "summary.json").exists()
         micro = {b["name"].rsplit(".", 1)[1][0]: b["micro_batch"] for b in c["blocks"]}

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from test_tune import CONFIG, FakeTrials, one_line_error
+from thrifty import cli
 from thrifty.tuning import session
 from thrifty.tuning.session import make_plan, run_tune
 
@@ -118,27 +118,26 @@ def small_disk(tmp_path: Path):
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
-def tune(config: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-    }
-    command = [sys.executable, "-m", "thrifty", "tune", str(config), "--levers", "micro"]
-    command += ["--micro", "8", "--steps", "2", "--out", str(out)]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+def tune(capsys, config: Path, out: Path) -> tuple[int, str]:
+    """The command run here (its trials are processes of their own): exit code and stderr."""
+    argv = ["tune", str(config), "--levers", "micro", "--micro", "8", "--steps", "2"]
+    code = cli.main([*argv, "--out", str(out)])  # an error it does not expect raises here
+    return code, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("free_kib", [0, 12])
 def test_a_full_disk_under_out_is_one_line_and_the_same_command_then_finishes(
-    config, small_disk, free_kib
+    config, small_disk, free_kib, capsys, monkeypatch
 ):
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
+    monkeypatch.setenv("PYTHONPATH", path)  # the trials import dist_task
     filler = small_disk / "filler"
     filler.write_bytes(b"\0" * ((64 - free_kib) * 1024))
     out = small_disk / "tune"
-    ended = tune(config, out)
-    assert ended.returncode == 1, ended.stderr
-    assert "Traceback" not in ended.stderr
-    lines = ended.stderr.strip().splitlines()
+    code, err = tune(capsys, config, out)
+    assert code == 1, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
     assert lines[-1].startswith(f"thrifty: error: no space left on the disk holding --out {out}")
     assert lines[-1].endswith(
         "free some space, then run the same command again; the finished trials are kept"
@@ -146,8 +145,8 @@ def test_a_full_disk_under_out_is_one_line_and_the_same_command_then_finishes(
     assert [line for line in lines if line.startswith("thrifty: error:")] == [lines[-1]]
 
     filler.unlink()
-    again = tune(config, out)
-    assert again.returncode == 0, again.stderr
+    code, err = tune(capsys, config, out)
+    assert code == 0, err
     assert json.loads((out / "tune.json").read_text())["state"] == "finished"
 
 

@@ -20,6 +20,7 @@ import torch
 
 from dist_task import Net
 from test_tune import CONFIG
+from thrifty import cli
 
 TESTS = Path(__file__).resolve().parent
 PATIENCE = 180.0  # seconds to wait for a trial to reach training on a busy machine
@@ -118,14 +119,18 @@ class Tune:
         out, err = self.proc.communicate(timeout=timeout)
         return self.proc.returncode, out, err
 
-    def again(self) -> tuple[int, str, str]:
-        """The same command again, to its end, within the tune's own --budget. The trial at 16
+    def again(self, monkeypatch: pytest.MonkeyPatch, capsys) -> tuple[int, str, str]:
+        """The same command again, to its end, within the tune's own --budget; run here (the
+        stop was the other process's; its trials are processes of their own). The trial at 16
         is no longer held for the test but still slower than the baseline (half a second in
         each forward), so it usually wins nothing and no paired comparison follows: what is
         tested here is the stop and the resume; the comparisons have tests of their own."""
         self.env["TUNE_TEST_SLOW"] = "16:0.5"
-        self.proc = self.start()
-        return self.finish(timeout=TUNE_BUDGET + PATIENCE)
+        for key in ("TUNE_TEST_MARKS", "TUNE_TEST_SLOW", "PYTHONPATH"):
+            monkeypatch.setenv(key, self.env[key])
+        code = cli.main(self.command()[3:])
+        out, err = capsys.readouterr()
+        return code, out, err
 
     def trials_built(self) -> int:
         return len(self.marks.read_text().splitlines())
@@ -185,7 +190,9 @@ def stopped_line(signal_name: str, trial: str, kept: str, out: Path) -> str:
 # Tests
 
 
-def test_a_sigterm_to_the_tune_ends_its_trial_and_the_same_command_resumes(tmp_path):
+def test_a_sigterm_to_the_tune_ends_its_trial_and_the_same_command_resumes(
+    tmp_path, monkeypatch, capsys
+):
     tune = Tune(tmp_path, slow_at="16:600")
     trial = tune.trial_sleeping("01-micro")
     os.kill(tune.proc.pid, signal.SIGTERM)
@@ -199,7 +206,7 @@ def test_a_sigterm_to_the_tune_ends_its_trial_and_the_same_command_resumes(tmp_p
     assert [t["name"] for t in kept["trials"]] == ["00-baseline"]
     assert tune.trials_built() == 2
 
-    code, out, err = tune.again()
+    code, out, err = tune.again(monkeypatch, capsys)
     assert code == 0, err
     # Only 01-micro ran again, then the comparisons' runs (none where the slower 01-micro lost
     # its trial, as it does unless the machine was far busier for the baseline): the baseline
@@ -237,7 +244,9 @@ def test_a_sigint_to_the_tune_stops_it_like_a_sigterm(tmp_path):
     assert last_line(err) == stopped_line("SIGINT", "00-baseline", "0 finished trials", tune.out)
 
 
-def test_a_sigkill_of_the_tune_takes_its_trial_and_the_same_command_resumes(tmp_path):
+def test_a_sigkill_of_the_tune_takes_its_trial_and_the_same_command_resumes(
+    tmp_path, monkeypatch, capsys
+):
     tune = Tune(tmp_path, slow_at="16:600")
     trial = tune.trial_sleeping("01-micro")
     os.kill(tune.proc.pid, signal.SIGKILL)
@@ -245,7 +254,7 @@ def test_a_sigkill_of_the_tune_takes_its_trial_and_the_same_command_resumes(tmp_
     assert gone(trial)
     assert tune.record()["state"] == "running"  # as the tune left it
 
-    code, _, err = tune.again()
+    code, _, err = tune.again(monkeypatch, capsys)
     assert code == 0, err
     assert tune.trials_built() == 3 + len(tune.comparison_runs())  # the baseline ran once
     assert [t["status"] for t in tune.record()["trials"]] == ["ok", "ok"]
