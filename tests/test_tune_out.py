@@ -103,13 +103,16 @@ def test_an_unfinished_tune_of_another_search_is_not_replaced_without_overwrite(
 # A full disk
 
 
+DISK_KIB = 128  # room for a finished tune of two trials, each with its report.html, in 4 KiB blocks
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path):
-    """A 64 KiB tmpfs of its own (mounting needs root); unmounted after the test."""
+    """A tmpfs of DISK_KIB of its own (mounting needs root); unmounted after the test."""
     disk = tmp_path / "disk"
     disk.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_KIB}k", "tmpfs", str(disk)], capture_output=True
     )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
@@ -132,7 +135,7 @@ def test_a_full_disk_under_out_is_one_line_and_the_same_command_then_finishes(
     path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
     monkeypatch.setenv("PYTHONPATH", path)  # the trials import dist_task
     filler = small_disk / "filler"
-    filler.write_bytes(b"\0" * ((64 - free_kib) * 1024))
+    filler.write_bytes(b"\0" * ((DISK_KIB - free_kib) * 1024))
     out = small_disk / "tune"
     code, err = tune(capsys, config, out)
     assert code == 1, err
