@@ -4,14 +4,15 @@ rank; a bad poll interval names the key a config sets (spot.poll_seconds)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
-import subprocess
 
 import pytest
 import torch
 
-from stop_probe import finish, job, lines_about, run, start, wait_for
+from stop_probe import finish, job, lines_about, start, wait_for
+from thrifty.cli import main
 from thrifty.config import SpotConfig
 from thrifty.errors import ConfigError
 from thrifty.records.stop_signals import StopSignals
@@ -19,7 +20,7 @@ from thrifty.run.preemption import PreemptionWatcher, make_poller
 
 
 def test_ctrl_c_during_the_emergency_save_says_what_a_stop_loses_and_a_third_stops_at_once(
-    tmp_path,
+    tmp_path, capsys, caplog
 ):
     # Checkpoints every 3 steps; the first Ctrl-C (the model's own) comes in step 5, whose
     # emergency checkpoint then takes long to gather (the model holds in state_dict).
@@ -50,9 +51,14 @@ def test_ctrl_c_during_the_emergency_save_says_what_a_stop_loses_and_a_third_sto
     published = sorted(p.parent.name for p in (tmp_path / "run").glob("checkpoints/*/manifest.*"))
     assert published == ["step-00000003"]
 
-    again = run(command)  # the lost steps are trained again from step 3
-    assert again.returncode == 0, again.stderr
-    assert "resumed from step 3" in again.stderr
+    # The lost steps are trained again from step 3 (the same command, in this process, whose
+    # log capture takes thrifty's lines).
+    capsys.readouterr()
+    caplog.set_level(logging.INFO)
+    code = main(command[3:])
+    err = capsys.readouterr().err + caplog.text
+    assert code == 0, err
+    assert "resumed from step 3" in err
 
 
 def test_a_second_ctrl_c_is_a_warning_and_only_a_third_raises_keyboard_interrupt(capfd):
@@ -109,21 +115,23 @@ def test_a_second_ctrl_c_with_every_step_saved_stops_at_once():
             os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_a_single_process_whose_data_fails_never_speaks_of_another_rank(tmp_path):
-    from test_your_data import env, job, train
+def test_a_single_process_whose_data_fails_never_speaks_of_another_rank(
+    tmp_path, monkeypatch, capsys, caplog
+):
+    # In this process: test_your_data.py's test_a_source_that_raises_mid_run_stops_with_its_
+    # steps_saved_and_resumes runs the same job as a command of its own.
+    from test_your_data import job, train
 
     config = job(tmp_path, "streams:failing_stream")
-    failed = subprocess.run(
-        train(config, tmp_path / "run"),
-        capture_output=True,
-        text=True,
-        env={**env(), "STREAM_FAIL_AT": "40"},
-        timeout=180,
-    )
-    assert failed.returncode == 1, failed.stderr
-    assert "another rank" not in failed.stderr
-    assert "checkpoint step 5 written" in failed.stderr
-    last = failed.stderr.strip().splitlines()[-1]
+    monkeypatch.setenv("STREAM_FAIL_AT", "40")
+    capsys.readouterr()
+    caplog.set_level(logging.INFO)  # the log capture takes thrifty's lines
+    code = main(train(config, tmp_path / "run")[3:])
+    stderr = capsys.readouterr().err
+    assert code == 1, stderr
+    assert "another rank" not in stderr + caplog.text
+    assert "checkpoint step 5 written" in caplog.text
+    last = stderr.strip().splitlines()[-1]
     assert last.startswith("thrifty: error: the training data raised OSError: the bucket went")
 
 

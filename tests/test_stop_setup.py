@@ -6,6 +6,7 @@ on 75 gave the job up."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 
@@ -26,7 +27,20 @@ from thrifty.run.checkpointer import RunCheckpointer
 NOTHING_YET = "during set-up: nothing to save yet; run the same command to"
 
 
-def test_sigterm_while_the_model_is_built_exits_75_and_the_same_command_then_trains(tmp_path):
+def again(command: list[str], capsys, caplog) -> tuple[int, str]:
+    """The same `thrifty train` command run again, in this process (what the stopped run left
+    behind is what it meets, not how it is started): its exit code, and its stderr followed by
+    what it logged (here the test's log capture takes thrifty's lines)."""
+    capsys.readouterr()
+    caplog.clear()
+    caplog.set_level(logging.INFO)
+    code = main(command[3:])
+    return code, capsys.readouterr().err + caplog.text
+
+
+def test_sigterm_while_the_model_is_built_exits_75_and_the_same_command_then_trains(
+    tmp_path, capsys, caplog
+):
     command, marks = job(tmp_path, hold="model")
     code, stderr = signal_at(command, marks / "model-0")
     assert code == EXIT_PREEMPTED, stderr
@@ -36,12 +50,12 @@ def test_sigterm_while_the_model_is_built_exits_75_and_the_same_command_then_tra
     assert "Traceback" not in stderr
     assert not (tmp_path / "run").exists()  # nothing of the run was written yet
 
-    again = run(command)
-    assert again.returncode == 0, again.stderr
+    code, err = again(command, capsys, caplog)
+    assert code == 0, err
     assert (tmp_path / "run" / "summary.json").exists()
 
 
-def test_sigterm_to_the_group_while_loader_workers_are_measured_exits_75(tmp_path):
+def test_sigterm_to_the_group_while_loader_workers_are_measured_exits_75(tmp_path, capsys, caplog):
     # The whole process group: the measuring workers get the signal too, and die of it.
     command, marks = job(tmp_path, hold="workers", workers="auto")
     code, stderr = signal_at(command, marks / "workers", group=True)
@@ -51,13 +65,13 @@ def test_sigterm_to_the_group_while_loader_workers_are_measured_exits_75(tmp_pat
     assert line.endswith(f"{NOTHING_YET} start or resume the run (exit code 75)")
     assert "Traceback" not in stderr
 
-    again = run(command)
-    assert again.returncode == 0, again.stderr
-    assert "data: num_workers = " in again.stderr  # measured this time
+    code, err = again(command, capsys, caplog)
+    assert code == 0, err
+    assert "data: num_workers = " in err  # measured this time
 
 
 def test_sigterm_during_the_first_evaluation_leaves_a_run_directory_the_same_command_restarts(
-    tmp_path,
+    tmp_path, capsys, caplog
 ):
     # The run directory is claimed and its config written; no step is trained.
     command, marks = job(tmp_path, hold="eval")
@@ -68,12 +82,14 @@ def test_sigterm_during_the_first_evaluation_leaves_a_run_directory_the_same_com
     ]
     assert (tmp_path / "run" / "config.toml").exists()
 
-    again = run(command)  # neither the lock nor the directory is in the way
-    assert again.returncode == 0, again.stderr
+    code, err = again(command, capsys, caplog)  # neither the lock nor the directory is in the way
+    assert code == 0, err
     assert (tmp_path / "run" / "summary.json").exists()
 
 
-def test_sigterm_while_the_checkpoint_loads_exits_75_and_the_same_command_resumes(tmp_path):
+def test_sigterm_while_the_checkpoint_loads_exits_75_and_the_same_command_resumes(
+    tmp_path, capsys, caplog
+):
     # First run: preempted at step 2 (its own SIGTERM), an emergency checkpoint of step 2.
     command, marks = job(tmp_path, hold="load", send_at=2)
     first = run(command)
@@ -89,9 +105,9 @@ def test_sigterm_while_the_checkpoint_loads_exits_75_and_the_same_command_resume
     assert "Traceback" not in stderr and "saving an emergency checkpoint" not in stderr
 
     # Third: no stale lock, no run directory in the way; it resumes where the first stopped.
-    third = run(command)
-    assert third.returncode == 0, third.stderr
-    assert "resumed from step 2" in third.stderr
+    code, err = again(command, capsys, caplog)
+    assert code == 0, err
+    assert "resumed from step 2" in err
     assert (tmp_path / "run" / "summary.json").exists()
 
 

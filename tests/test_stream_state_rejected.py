@@ -4,12 +4,14 @@ are kept, and the pipeline that wrote them resumes there."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 
 import pytest
 
 from streams import Picky
 from test_your_data import env, job, kill_after_checkpoint, one_line, run_in_process, train
+from thrifty.cli import main
 from thrifty.data import sources
 
 
@@ -30,7 +32,7 @@ def rejected(what: str, error: str) -> str:
     ids=["in-a-worker", "in-the-main-process"],
 )
 def test_a_killed_run_whose_stream_rejects_its_state_says_so_in_one_line(
-    tmp_path, workers, kind, error
+    tmp_path, capsys, caplog, workers, kind, error
 ):
     config = job(tmp_path, "streams:picky_stream", workers=workers)
     run = tmp_path / "run"
@@ -48,11 +50,12 @@ def test_a_killed_run_whose_stream_rejects_its_state_says_so_in_one_line(
     assert line == "thrifty: error: " + rejected("train_data (Picky)", error)
     # Nothing was lost: the pipeline that wrote the checkpoint resumes from it.
     assert (run / "checkpoints" / f"step-{last:08d}" / "manifest.json").exists()
-    again = subprocess.run(
-        train(config, run), capture_output=True, text=True, env=env(), timeout=120
-    )
-    assert again.returncode == 0, again.stderr
-    assert f"resumed from step {last}" in again.stderr
+    capsys.readouterr()
+    caplog.set_level(logging.INFO)  # the same command, in this process: its log captured
+    code = main(train(config, run)[3:])
+    err = capsys.readouterr().err + caplog.text
+    assert code == 0, err
+    assert f"resumed from step {last}" in err
 
 
 def test_a_stream_restored_without_torchdata_rejects_in_one_line(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,9 +67,12 @@ data_args = {{ ms = {ms} }}
 """
 
 
+STEPS = 24  # of the runs compared with one process and of the preempted ones
+
+
 def write_config(tmp: Path, name: str, **values) -> Path:
     settings = {
-        "steps": 12,
+        "steps": STEPS,
         "micro": 16,
         "effective": 64,
         "every": '"off"',
@@ -172,16 +176,48 @@ def single(tmp_path_factory) -> Path:
     return out
 
 
-def test_ddp_trains_like_one_process_on_the_same_global_batch(single, tmp_path):
-    # micro 32 × 1 step on each of 2 ranks, and micro 16 × 2 steps (gradient sync on the last
-    # micro-batch only): both are the same 64 samples per step as the single process.
+# The runs test_sigterm_to_one_rank_checkpoints_every_rank_and_the_rerun_resumes_exactly
+# preempts, by strategy; a loader that takes 1 ms an item. ddp: micro 16 × 2 steps on 2 ranks.
+# fsdp: 96 samples a step (micro 16 × 3 steps on 2 ranks, micro 16 × 2 steps on 3), a checkpoint
+# at step 21 that test_fsdp_resumes_at_another_world_size_by_resharding resumes on 3.
+PREEMPTED = {
+    "ddp": {"strategy": "ddp", "ms": 1.0},
+    "fsdp": {"strategy": "fsdp", "effective": 96, "every": 21, "ms": 1.0},
+}
+
+
+def uninterrupted(tmp_path_factory, strategy: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """The PREEMPTED run of `strategy` on 2 processes, never stopped: its folder and result."""
+    tmp = tmp_path_factory.mktemp(strategy)
+    out = tmp / "run"
+    config = write_config(tmp, strategy, **PREEMPTED[strategy])
+    return out, ok(train(config, out, nprocs=2))
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    return uninterrupted(tmp_path_factory, "ddp")
+
+
+@pytest.fixture(scope="module")
+def fsdp(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    return uninterrupted(tmp_path_factory, "fsdp")
+
+
+def test_ddp_trains_like_one_process_on_the_same_global_batch(single, ddp, tmp_path):
+    # micro 32 × 1 step on each of 2 ranks (strategy "auto"), and micro 16 × 2 steps (gradient
+    # sync on the last micro-batch only): both are the same 64 samples per step as the single
+    # process.
     for micro in (32, 16):
-        out = tmp_path / f"ddp-{micro}"
-        result = ok(train(write_config(tmp_path, f"ddp{micro}", micro=micro), out, nprocs=2))
+        if micro == 16:
+            out, result = ddp
+        else:
+            out = tmp_path / f"ddp-{micro}"
+            result = ok(train(write_config(tmp_path, f"ddp{micro}", micro=micro), out, nprocs=2))
         assert "ddp over 2 processes" in result.stderr
         summary = json.loads((out / "summary.json").read_text())
         assert summary["world_size"] == 2 and summary["strategy"] == "ddp"
-        assert summary["effective_batch"] == 64 and summary["samples"] == 12 * 64
+        assert summary["effective_batch"] == 64 and summary["samples"] == STEPS * 64
         assert summary["accumulation_steps"] == 64 // (2 * micro)
         assert_same_training(single, out, exact=False)
         assert not (out / "rank-1").exists() and "rank 1" not in result.stdout
@@ -269,12 +305,11 @@ def sigterm_after(config: Path, out: Path, steps: int, rank: int | None) -> tupl
 
 @pytest.mark.parametrize(("strategy", "signalled_rank"), [("ddp", 1), ("fsdp", 0)])
 def test_sigterm_to_one_rank_checkpoints_every_rank_and_the_rerun_resumes_exactly(
-    tmp_path, strategy, signalled_rank
+    request, tmp_path, strategy, signalled_rank
 ):
-    steps = 24
-    config = write_config(tmp_path, strategy, strategy=strategy, steps=steps, ms=1.0)
-    reference = tmp_path / "reference"
-    ok(train(config, reference, nprocs=2))
+    steps = STEPS
+    config = write_config(tmp_path, strategy, **PREEMPTED[strategy])
+    reference = request.getfixturevalue(strategy)[0]  # that config's run, uninterrupted
 
     out = tmp_path / "preempted"
     code, stdout, stderr = sigterm_after(config, out, 4, signalled_rank)
@@ -300,20 +335,24 @@ def test_sigterm_to_the_launcher_reaches_every_rank_and_ends_with_the_resumable_
     assert "saving an emergency checkpoint" in stderr and "Traceback" not in stderr
 
 
-def test_fsdp_resumes_at_another_world_size_by_resharding(tmp_path):
+def test_fsdp_resumes_at_another_world_size_by_resharding(fsdp, tmp_path):
     # 96 samples per step: micro 16 × 3 steps on 2 ranks, then micro 16 × 2 steps on 3 ranks.
-    config = write_config(tmp_path, "fsdp", strategy="fsdp", effective=96, steps=6, every=3)
-    constant = ("--set", "schedule.decay=constant")  # the same lr whatever run.max_steps says
-    reference = tmp_path / "reference"
-    ok(train(config, reference, *constant, nprocs=2))
+    config = write_config(tmp_path, "fsdp", **PREEMPTED["fsdp"])
+    reference = fsdp[0]
+    # The run of 2 processes as a job killed after its last step, before that step's
+    # checkpoint: a copy whose newest checkpoint is step 21's, resumed by 3 processes for the
+    # last 3 steps. Each step logged again after the resume counts with its last loss.
     out = tmp_path / "resharded"
-    ok(train(config, out, *constant, "--steps", "3", nprocs=2))
-    (out / "summary.json").unlink()  # a finished 3-step run made resumable for 3 more steps
-    result = ok(train(config, out, *constant, nprocs=3))
+    shutil.copytree(reference, out)
+    (out / "summary.json").unlink()
+    shutil.rmtree(newest_checkpoint(out))
+    assert newest_checkpoint(out).name == "step-00000021"
+    result = ok(train(config, out, nprocs=3))
+    assert "resumed from step 21" in result.stderr
     assert "resharding a checkpoint of 2 processes onto 3" in result.stderr
     # The same samples in the same steps: the losses agree to float tolerance.
     la, lb = losses(reference), losses(out)
-    assert sorted(la) == sorted(lb) == list(range(1, 7))
+    assert sorted(la) == sorted(lb) == list(range(1, STEPS + 1))
     for step in la:
         assert la[step] == pytest.approx(lb[step], rel=1e-5), step
 
@@ -420,10 +459,11 @@ import torch
 
 from thrifty import Trainer, TrainConfig
 
-WHERE, EFFECTIVE = os.environ["OOM_WHERE"], int(os.environ["OOM_EFFECTIVE"])
+WHERE, EFFECTIVES = os.environ["OOM_WHERE"], os.environ["OOM_EFFECTIVE"].split(",")
 AFTER = int(os.environ["OOM_AFTER"])
 STRATEGY = os.environ.get("OOM_STRATEGY", "ddp")
-STRIKES = os.environ["RANK"] == "1" and WHERE != "none"
+RANK = os.environ.get("RANK", "0")  # no RANK: one process, without a process group
+STRIKES = RANK == "1" and WHERE != "none"
 
 
 def strikes(x):
@@ -471,34 +511,44 @@ def loss_fn(out, batch):
 
 g = torch.Generator().manual_seed(1)
 data = torch.utils.data.TensorDataset(torch.randn(256, 6, generator=g), torch.randn(256, 1, generator=g))
-config = TrainConfig.from_dict({
-    "run": {"max_steps": 4, "out": sys.argv[1], "progress": "off", "device": "cpu"},
-    "precision": {"mode": "fp32"},
-    "batch": {"micro": 8, "effective": EFFECTIVE},
-    "data": {"num_workers": 0},
-    "measure": {"system": False, "peak_tflops": 1.0},
-    "distributed": {"timeout": "60s", "strategy": STRATEGY},
-})
-with Trainer(Tight(), data, config, loss_fn=loss_fn) as trainer:
-    result = trainer.fit()
-    weights = [p.detach().clone() for p in trainer.model.parameters()]
-# One file a rank: two processes printing long lines to one pipe can interleave them.
-with open(sys.argv[2] + "." + os.environ["RANK"], "w") as f:
-    json.dump({"steps": result.steps, "micro": result.micro_batch,
-               "w": [w.flatten().tolist() for w in weights]}, f)
+for effective in EFFECTIVES:  # a run each, in turn, in the folder WHERE-EFFECTIVE
+    out = os.path.join(sys.argv[1], f"{WHERE}-{effective}")
+    config = TrainConfig.from_dict({
+        "run": {"max_steps": 4, "out": out + "/run", "progress": "off", "device": "cpu"},
+        "precision": {"mode": "fp32"},
+        "batch": {"micro": 8, "effective": int(effective)},
+        "data": {"num_workers": 0},
+        "measure": {"system": False, "peak_tflops": 1.0},
+        "distributed": {"timeout": "60s", "strategy": STRATEGY},
+    })
+    with Trainer(Tight(), data, config, loss_fn=loss_fn) as trainer:
+        result = trainer.fit()
+        weights = [p.detach().clone() for p in trainer.model.parameters()]
+    # One file a rank: two processes printing long lines to one pipe can interleave them.
+    with open(out + "/rank." + RANK, "w") as f:
+        json.dump({"steps": result.steps, "micro": result.micro_batch,
+                   "w": [w.flatten().tolist() for w in weights]}, f)
 """
 
 
 def launch_oom_case(
-    tmp_path: Path, where: str, effective: int, after: int, strategy: str = "ddp"
+    tmp_path: Path,
+    where: str,
+    effective: int | str,
+    after: int,
+    strategy: str = "ddp",
+    nprocs: int = 2,
 ) -> subprocess.CompletedProcess[str]:
+    """The script's runs, one for each of the comma-separated `effective` batches, on `nprocs`
+    processes (torchrun's) or 1; each writes under `tmp_path / f"{where}-{effective}"`."""
     script = tmp_path / "oom.py"
     script.write_text(OOM_ON_RANK_1)
-    out = tmp_path / f"{where}-{effective}"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command = [sys.executable]
+    if nprocs > 1:
+        command += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}"]
     case = {"WHERE": where, "EFFECTIVE": effective, "AFTER": after, "STRATEGY": strategy}
     return subprocess.run(
-        [*command, str(script), str(out / "run"), str(out / "rank")],
+        [*command, str(script), str(tmp_path)],
         env={**child_env(), **{f"OOM_{k}": str(v) for k, v in case.items()}},
         capture_output=True,
         text=True,
@@ -516,16 +566,23 @@ def run_oom_case(tmp_path: Path, where: str, effective: int, after: int = 0) -> 
 
 @pytest.fixture(scope="module")
 def untouched(tmp_path_factory) -> dict[int, list[dict]]:
-    """The weights of the runs that never run out of memory, by effective batch."""
+    """The weights of the runs that never run out of memory, by effective batch: one process,
+    on the same global batches (as test_ddp_trains_like_one_process_on_the_same_global_batch
+    shows ranks train like one process), the two runs in turn."""
     folder = tmp_path_factory.mktemp("untouched")
-    return {effective: run_oom_case(folder, "none", effective) for effective in (16, 32)}
+    result = launch_oom_case(folder, "none", "16,32", 0, strategy="auto", nprocs=1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "FutureWarning" not in result.stderr
+    return {e: [json.loads((folder / f"none-{e}" / "rank.0").read_text())] for e in (16, 32)}
 
 
 @pytest.mark.parametrize(
     "where, effective, after",
     [
         # Two micro-batches a window (forwards 1-2 are step 1's, 3-4 step 2's, ...).
-        ("forward", 32, 4),  # the window's first micro-batch, before any gradient crosses
+        # the window's first micro-batch, before any gradient crosses: the same replay as
+        # [forward-32-3], one micro-batch earlier in the window: slow
+        pytest.param("forward", 32, 4, marks=pytest.mark.slow),
         ("forward", 32, 3),  # the synchronizing (last) micro-batch's forward
         ("backward", 32, 3),  # the synchronizing backward part-way, DDP waiting on the rest
         # One micro-batch a window: it is the synchronizing one.

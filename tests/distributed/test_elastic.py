@@ -30,7 +30,9 @@ from distributed.test_distributed import (
     one_error_line,
 )
 
-STEPS, SWITCH = 10, 6  # 4 steps an epoch: the switch falls in the middle of the second epoch
+STEPS = 10  # 4 steps an epoch
+# Where each part of a run of 2 (or 3) parts ends: every switch falls in the middle of an epoch.
+SWITCHES = {2: (6, STEPS), 3: (3, 6, STEPS)}
 LOSS_RTOL = 1e-5
 
 CONFIG = """
@@ -105,14 +107,21 @@ def summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-def switched(tmp: Path, before: int, after: int) -> tuple[Path, subprocess.CompletedProcess]:
-    """A run of `before` processes stopped at step SWITCH, resumed by `after` to the end."""
-    folder = tmp / f"{before}-to-{after}"
+def switched(tmp: Path, worlds: tuple[int, ...]) -> tuple[Path, list[subprocess.CompletedProcess]]:
+    """A run started by `worlds[0]` processes and resumed by each next count in turn, the
+    part of each ending at its step of SWITCHES, the last one's at the end. Returns the
+    resumed parts' results."""
+    folder = tmp / "-to-".join(map(str, worlds))
     config = write_config(folder)
     out = folder / "run"
-    ok(train(config, out, "--steps", str(SWITCH), nprocs=before))
-    (out / "summary.json").unlink()  # a finished run made resumable for more steps
-    return folder, ok(train(config, out, nprocs=after))
+    ends = SWITCHES[len(worlds)]
+    ok(train(config, out, "--steps", str(ends[0]), nprocs=worlds[0]))
+    results = []
+    for world, end in zip(worlds[1:], ends[1:], strict=True):
+        (out / "summary.json").unlink()  # a finished run made resumable for more steps
+        steps = ("--steps", str(end)) if end < STEPS else ()
+        results.append(ok(train(config, out, *steps, nprocs=world)))
+    return folder, results
 
 
 @pytest.fixture(scope="module")
@@ -123,14 +132,24 @@ def uninterrupted(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
+@pytest.mark.parametrize(
+    "worlds",
+    [
+        pytest.param((1, 2, 1), id="1-2-1"),
+        # the same switches as [1-2-1], one a run: slow
+        pytest.param((2, 1), id="2-1", marks=pytest.mark.slow),
+        pytest.param((1, 2), id="1-2", marks=pytest.mark.slow),
+    ],
+)
 def test_a_ddp_run_resumed_at_another_world_size_continues_the_uninterrupted_run(
-    uninterrupted, tmp_path, before, after
+    uninterrupted, tmp_path, worlds
 ):
-    folder, resumed = switched(tmp_path, before, after)
-    assert f"resumed from step {SWITCH}" in resumed.stderr
-    assert f"resuming a checkpoint of {before} process(es) on {after}" in resumed.stderr
-    assert "not bit-exact: each rank's random streams (dropout)" in resumed.stderr
+    folder, results = switched(tmp_path, worlds)
+    starts = SWITCHES[len(worlds)][:-1]
+    for before, after, start, resumed in zip(worlds[:-1], worlds[1:], starts, results, strict=True):
+        assert f"resumed from step {start}" in resumed.stderr
+        assert f"resuming a checkpoint of {before} process(es) on {after}" in resumed.stderr
+        assert "not bit-exact: each rank's random streams (dropout)" in resumed.stderr
     reference, run = uninterrupted / "run", folder / "run"
     # The steps and samples are exact: the same samples, none skipped or repeated.
     assert summary(run)["steps"] == summary(reference)["steps"] == STEPS

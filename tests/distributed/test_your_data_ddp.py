@@ -183,8 +183,13 @@ def final_state(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[int, float
 
 @pytest.mark.parametrize(
     ("train_data", "workers"),
-    [("streams:stream", 2), ("streams:hf_stream", 2)],
-    ids=["stream-in-2-workers", "hf-datasets-streaming"],
+    [
+        pytest.param("streams:stream", 2, id="stream-in-2-workers"),
+        # the same path as [stream-in-2-workers], with the Hugging Face stream that
+        # test_your_data.py::test_a_pipeline_killed_mid_pass_resumes_to_the_same_weights[hf]
+        # resumes in one process and test_the_ranks_share_a_pass_... splits over 2 ranks: slow
+        pytest.param("streams:hf_stream", 2, id="hf-datasets-streaming", marks=pytest.mark.slow),
+    ],
 )
 def test_a_job_killed_outright_resumes_from_its_data_state_to_the_same_weights(
     tmp_path, train_data, workers
