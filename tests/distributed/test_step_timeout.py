@@ -130,11 +130,13 @@ def lose_a_rank(config: Path, out: Path, world: int, how: signal.Signals) -> lis
 @pytest.mark.parametrize(
     ("world", "how", "resume_on"),
     [
-        (2, signal.SIGKILL, 2),
-        # the same path as [2-9-2], the rank silent instead of gone: slow
-        pytest.param(2, signal.SIGSTOP, 2, marks=pytest.mark.slow),
-        # the lost machine does not come back: the job goes on with 2.
-        # the same path as [2-9-2], with one rank more: slow
+        # A silent rank: only the step timeout ends the others' wait.
+        (2, signal.SIGSTOP, 2),
+        # A rank gone: the others see the connection drop at once. Slow: the same end as the
+        # silent rank's, and test_pieces' test_a_rank_killed_outright_... covers its exit code.
+        pytest.param(2, signal.SIGKILL, 2, marks=pytest.mark.slow),
+        # The lost machine does not come back: the job goes on with 2. Slow: the same path
+        # with one rank more.
         pytest.param(3, signal.SIGKILL, 2, marks=pytest.mark.slow),
     ],
 )
