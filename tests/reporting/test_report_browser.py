@@ -65,24 +65,27 @@ def test_the_report_of_a_real_run_renders_every_section_and_chart_in_chromium(tm
             sections = page.eval_on_selector_all("section", "s => s.map(e => e.dataset.section)")
             charts = page.eval_on_selector_all(
                 "figure.chart",
-                "fs => fs.map(f => [f.id, f.querySelectorAll('polyline, polygon').length])",
+                "fs => fs.map(f => [f.id, f.querySelectorAll('polyline, polygon').length,"
+                " f.querySelectorAll('circle').length])",
             )
             points = page.eval_on_selector(
                 "#chart-loss polyline", "e => e.getAttribute('points').trim().split(/\\s+/).length"
             )
-            boxes = {f: page.locator(f"#{f} svg").bounding_box() for f, _ in charts}
+            boxes = {f: page.locator(f"#{f} svg").bounding_box() for f, _, _ in charts}
         finally:
             browser.close()
     assert errors == []
     assert requests == [report.as_uri()]  # nothing fetched beyond the file itself
     assert sections == list(RUN_SECTIONS)
-    ids = [f for f, _ in charts]
+    ids = [f for f, _, _ in charts]
     for expected in ("loss", "throughput", "mfu", "breakdown", "cost", "system-cpu_percent"):
         assert f"chart-{expected}" in ids
     assert points == 8  # a point for each step's training loss
-    for figure, drawn in charts:
+    for figure, drawn, dots in charts:
         assert drawn > 0, figure
-        assert _coloured_pixels(shot, boxes[figure]) > 200, figure
+        # A line is hundreds of pixels; a lone sample (the sampler thread starved on a busy
+        # machine) is one dot of a few dozen.
+        assert _coloured_pixels(shot, boxes[figure]) > (200 if dots != 1 else 12), figure
 
 
 def _coloured_pixels(shot, box) -> int:
