@@ -263,8 +263,9 @@ def _budget_value(key: str, value: Any) -> float | None:
 
 def same_config(saved: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
     """Whether `current` (`to_dict(secrets=False)`) is the config a run's config.toml holds
-    (`thrifty.config.read_config_file`), read back as TOML so that a tuple equals the list it was written
-    as. Where the run directory is (run.out) is no difference: this is that directory."""
+    (`thrifty.config.read_config_file`), read back as TOML so that a tuple equals the list it
+    was written as. Where the run directory is (run.out) is no difference: this is that
+    directory."""
     written = toml_loads(dump_toml(current))
     return not [c for c in diff_configs(saved, written) if c.key != "run.out"]
 
