@@ -160,6 +160,47 @@ def test_importing_thrifty_stays_cheap():
     assert proc.stdout.strip() == "False", proc.stderr
 
 
+LOADS_TORCH = """
+import gc, json, sys
+from thrifty import cli
+
+def state():
+    return ["torch" in sys.modules, "torch._dynamo" in sys.modules, gc.get_freeze_count()]
+
+cli.load_torch(compiler=False)
+launcher = state()
+cli.load_torch()
+print(json.dumps([launcher, state()]))
+"""
+
+
+def test_a_process_that_trains_imports_torch_and_its_compiler_frozen_a_launcher_only_torch():
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADS_TORCH], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    launcher, trainer = json.loads(proc.stdout)
+    assert launcher[:2] == [True, False] and trainer[:2] == [True, True]
+    # Frozen: the collector never walks what the imports built (about a million objects).
+    assert launcher[2] > 100_000 and trainer[2] > launcher[2]
+
+
+@pytest.mark.parametrize(
+    "argv, launches",
+    [
+        (["train", "job.toml"], False),
+        (["train", "job.toml", "--nprocs", "1"], False),
+        (["train", "job.toml", "--nprocs", "2", "--steps", "3"], True),
+        (["demo", "--nprocs=4"], True),
+        (["train", "job.toml", "--set", "run.name=nprocs"], False),
+    ],
+)
+def test_only_a_command_that_launches_processes_leaves_the_compiler_out(argv, launches):
+    from thrifty.cli import _launches
+
+    assert _launches(argv) is launches
+
+
 def test_a_run_starts_again_from_its_saved_config_toml(capsys, tmp_path, monkeypatch):
     from thrifty.config import load_config
 
