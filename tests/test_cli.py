@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -162,14 +163,14 @@ def test_importing_thrifty_stays_cheap():
 
 LOADS_TORCH = """
 import gc, json, sys
-from thrifty import cli
+from thrifty.lazy import load_torch
 
 def state():
     return ["torch" in sys.modules, "torch._dynamo" in sys.modules, gc.get_freeze_count()]
 
-cli.load_torch(compiler=False)
+load_torch(compiler=False)
 launcher = state()
-cli.load_torch()
+load_torch()
 print(json.dumps([launcher, state()]))
 """
 
@@ -185,20 +186,20 @@ def test_a_process_that_trains_imports_torch_and_its_compiler_frozen_a_launcher_
     assert launcher[2] > 100_000 and trainer[2] > launcher[2]
 
 
-@pytest.mark.parametrize(
-    "argv, launches",
-    [
-        (["train", "job.toml"], False),
-        (["train", "job.toml", "--nprocs", "1"], False),
-        (["train", "job.toml", "--nprocs", "2", "--steps", "3"], True),
-        (["demo", "--nprocs=4"], True),
-        (["train", "job.toml", "--set", "run.name=nprocs"], False),
-    ],
-)
-def test_only_a_command_that_launches_processes_leaves_the_compiler_out(argv, launches):
-    from thrifty.cli import _launches
+@pytest.mark.parametrize("nprocs, launches", [(None, False), (1, False), (2, True)])
+def test_only_a_command_that_trains_here_loads_the_compiler(monkeypatch, nprocs, launches):
+    from thrifty.commands import training
+    from thrifty.config import load_config
+    from thrifty.records.stop_signals import stopping
 
-    assert _launches(argv) is launches
+    calls = []
+    monkeypatch.setattr(training, "load_torch", lambda: calls.append("load_torch"))
+    monkeypatch.setattr(training, "_launch", lambda args, config: calls.append("launch") or 0)
+    monkeypatch.setattr(training, "_train", lambda config, stops: calls.append("train") or 0)
+    args = argparse.Namespace(nprocs=nprocs, argv=["train", "job.toml"])
+    with stopping() as stops:
+        assert training._run(args, load_config(None, [("run.max_steps", "1")]), stops) == 0
+    assert calls == (["launch"] if launches else ["load_torch", "train"])
 
 
 def test_a_run_starts_again_from_its_saved_config_toml(capsys, tmp_path, monkeypatch):

@@ -7,7 +7,6 @@ and sets `handler`; registering must stay cheap (no torch import), so `thrifty -
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import os
 import sys
@@ -16,6 +15,7 @@ from typing import NoReturn
 
 from thrifty.console import EXIT_USAGE
 from thrifty.errors import ConfigError, ThriftyError
+from thrifty.lazy import load_torch
 from thrifty.records.stop_signals import EXIT_PREEMPTED, StopRequested, StopSignals, stopping
 from thrifty.redact import redact_text
 
@@ -61,51 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Before the commands are even imported: the launcher's SIGTERM can come at any time.
         with stopping() as stops:
             try:
-                load_torch(compiler=not _launches(words))
+                load_torch(compiler=False)  # `train` adds it once it knows it trains here
                 return _main(words, stops)
             except StopRequested:  # a stop before the first step: nothing to save yet
                 return _stopped(stops)
     return _main(words, None)
-
-
-def load_torch(compiler: bool = True) -> None:
-    """Import torch with the cyclic garbage collector off, then freeze what the import built.
-
-    The import makes about a million objects that live as long as the process. With the
-    collector on, it walks them again and again while they load, and every full collection
-    during training walks them once more; frozen (`gc.freeze`), no later collection looks at
-    them. A 12-step run of `thrifty train` on a 2-core machine took 4.53 s of CPU instead of
-    5.40 s (the means of four runs of each, interleaved), most of it in starting up.
-
-    `compiler` imports torch._dynamo in the same window: a process that trains imports it
-    anyway, since torch's optimizers wrap `add_param_group`, `zero_grad` and `state_dict` in
-    `torch._disable_dynamo`, which imports it on their first call. A 3-step `thrifty train` of
-    examples/mlp.toml took 5.14 s of CPU instead of 5.72 s (five runs of each, interleaved). A
-    process that only launches others (`--nprocs N`) leaves it out."""
-    if "torch" in sys.modules and (not compiler or "torch._dynamo" in sys.modules):
-        return
-    gc.disable()
-    try:
-        import torch  # noqa: F401
-
-        if compiler:
-            import torch._dynamo  # noqa: F401
-    finally:
-        gc.enable()
-    gc.freeze()
-
-
-def _launches(words: list[str]) -> bool:
-    """Whether `words` start `--nprocs N` processes of the command (N > 1) rather than train here."""
-    for i, word in enumerate(words):
-        if word == "--nprocs":
-            value = words[i + 1] if i + 1 < len(words) else ""
-        elif word.startswith("--nprocs="):
-            value = word.partition("=")[2]
-        else:
-            continue
-        return not value.isdigit() or int(value) > 1
-    return False
 
 
 def _main(words: list[str], stops: StopSignals | None) -> int:

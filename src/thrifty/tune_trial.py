@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 def main(argv: Sequence[str]) -> int:
     from thrifty.children import tethered
-    from thrifty.cli import load_torch
     from thrifty.cli import main as thrifty_main
+    from thrifty.lazy import load_torch
 
     config = tethered()
     load_torch()

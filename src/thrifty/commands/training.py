@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from thrifty.console import add_config_options, add_output_options, add_set_option
+from thrifty.lazy import load_torch
 from thrifty.records.stop import StopReason
 
 if TYPE_CHECKING:
@@ -123,6 +124,7 @@ def _run(args: argparse.Namespace, config: Any, stops: StopSignals) -> int:
     if launching:
         with stops.interruptible():  # until the launcher's handlers replace ours
             return _launch(args, config)
+    load_torch()  # the compiler too, which the optimizer imports: not in a launcher
     return _train(config, stops)
 
 
