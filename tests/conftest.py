@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 
 import pytest
 import torch
@@ -19,6 +20,12 @@ os.environ["THRIFTY_PEAK_TFLOPS"] = "1"
 # without this the suite would train in another precision on such a machine. Set it yourself to
 # run the suite as on one: THRIFTY_CPU_FLAGS="amx_bf16 avx512_bf16" make test.
 os.environ.setdefault("THRIFTY_CPU_FLAGS", "")
+
+# Run in the background of a script (`cmd &`, nohup), this process starts with SIGINT ignored and
+# so would every process a test starts: the Ctrl-C tests would see nothing arrive. A handler set
+# here is what an interactive run has, and children again start with Python's default handler.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
