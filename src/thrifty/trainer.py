@@ -134,7 +134,7 @@ class Trainer:
         # The micro-batch until measured (with "auto": one sample, for the FLOP count).
         self.micro = 1 if auto else cfg.batch.fixed_micro
         self.effective_batch = cfg.batch.effective or self.micro * dist.world_size
-        self.accumulation = starting_accumulation(cfg.batch, dist.world_size, self.micro, auto)
+        self.accumulation = starting_accumulation(cfg.batch, dist.world_size, self.micro)
         self.micro_search: MicroSearch | None = None
         self.strategy = make_strategy(dist)
         given = isinstance(optimizer, torch.optim.Optimizer)

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from thrifty.errors import ConfigError
+
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 TIMEOUT = 120  # seconds any launch may take before the test fails instead of hanging
@@ -368,10 +370,43 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def test_a_world_size_that_does_not_divide_the_global_batch_is_one_line(tmp_path):
+def test_a_world_size_that_does_not_divide_the_global_batch_is_one_line_before_a_rank_starts(
+    tmp_path, capsys, monkeypatch
+):
+    from thrifty import cli
+    from thrifty.strategies import launcher
+
+    def launch(*args, **kwargs):
+        raise AssertionError("the launcher started its ranks")
+
+    monkeypatch.setattr(launcher, "launch", launch)
     config = write_config(tmp_path, "bad", micro=16, effective=80)
-    line = one_error_line(train(config, tmp_path / "run", nprocs=2))
-    assert "batch.effective = 80 is invalid" in line and "16 × 2 = 32" in line
+    argv = ["train", str(config), "--out", str(tmp_path / "run"), "--nprocs", "2"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("thrifty: error")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "batch.effective = 80 is invalid" in lines[0] and "16 × 2 = 32" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("micro", "line"),
+    [
+        ("16", "must be a multiple of batch.micro × world size = 16 × 3 = 48"),
+        ("'auto'", "must be a multiple of the world size (3) with batch.micro = 'auto'"),
+    ],
+)
+def test_each_rank_refuses_a_global_batch_its_world_size_does_not_divide(tmp_path, micro, line):
+    # The ranks' own check, for jobs started by torchrun rather than by --nprocs.
+    from thrifty.config import load_config
+    from thrifty.data.batching import starting_accumulation
+
+    config = load_config(write_config(tmp_path, "bad", micro=micro))
+    start = 16 if micro == "16" else 1  # with "auto", one sample until measured
+    assert starting_accumulation(config.batch, 2, start) == 64 // (start * 2)
+    with pytest.raises(ConfigError) as raised:
+        starting_accumulation(config.batch, 3, start)
+    assert str(raised.value) == f"batch.effective = 64 is invalid: {line}"
 
 
 def test_nccl_on_cpu_is_one_line(tmp_path):

@@ -139,6 +139,7 @@ def _launching(args: argparse.Namespace) -> bool:
 def _launch(args: argparse.Namespace, config: Any) -> int:
     from thrifty.strategies.launcher import launch
 
+    config.batch.check_world_size(args.nprocs)  # here, not in each rank it would start
     return launch(
         args.nprocs,
         args.argv,

@@ -126,6 +126,20 @@ class BatchConfig:
                 f"(e.g. {self.micro * max(1, round(self.effective / self.micro))})",
             )
 
+    def check_world_size(self, world_size: int) -> None:
+        """Refuse a batch.effective that `world_size` processes cannot share evenly: checked by
+        a launcher before it starts its ranks, and by each rank."""
+        if self.effective is None:  # it follows the process count
+            return
+        if self.micro == "auto":
+            if self.effective % world_size:
+                raise ConfigError(
+                    f"batch.effective = {self.effective} is invalid: must be a multiple of "
+                    f"the world size ({world_size}) with batch.micro = 'auto'"
+                )
+            return
+        self.accumulation_steps(world_size)
+
     def accumulation_steps(self, world_size: int = 1, micro: int | None = None) -> int:
         """Micro-batches per optimizer step on each process, with `micro` samples each (default
         batch.micro, which must then be a number)."""

@@ -41,16 +41,11 @@ from thrifty.strategies.process_group import Distributed
 log = logging.getLogger("thrifty")
 
 
-def starting_accumulation(batch: BatchConfig, world: int, micro: int, auto: bool) -> int:
+def starting_accumulation(batch: BatchConfig, world: int, micro: int) -> int:
     """Micro-batches of `micro` samples per optimizer step on each of `world` ranks. With
     batch.micro = "auto" (`micro` is 1 until measured) the effective batch must split evenly
     over the ranks, and the error says so rather than naming a micro-batch of 1."""
-    effective = batch.effective or micro * world
-    if auto and effective % world:
-        raise ConfigError(
-            f"batch.effective = {effective} is invalid: must be a multiple of "
-            f"the world size ({world}) with batch.micro = 'auto'"
-        )
+    batch.check_world_size(world)
     return batch.accumulation_steps(world, micro)
 
 
