@@ -420,3 +420,51 @@ def test_trainer_fit_refuses_a_run_dir_in_use_in_this_process_and_lets_go_when_i
     assert not (tmp_path / "metrics.jsonl").exists()  # refused before writing anything
     assert trainer().fit().steps == 2
     assert not (tmp_path / LOCK_FILE).exists()  # released when fit() ends
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """`thrifty train`'s steps after the run directory check, each recorded instead of run."""
+    from thrifty.commands import training
+    from thrifty.strategies import launcher
+
+    called: list[str] = []
+    monkeypatch.setattr(training, "load_torch", lambda: called.append("load_torch"))
+    monkeypatch.setattr(training, "_train", lambda *a: called.append("train") or 0)
+    monkeypatch.setattr(launcher, "launch", lambda *a, **k: called.append("launch") or 0)
+    return called
+
+
+@pytest.mark.parametrize("nprocs", [[], ["--nprocs", "2"]])
+def test_thrifty_train_on_a_run_dir_in_use_says_so_before_it_loads_anything(
+    tmp_path, holding, capsys, nothing_loads, nprocs
+):
+    run = tmp_path / "run"
+    first = holding(run_dir=str(run))
+    from thrifty import cli
+
+    assert cli.main(["train", str(slow_job(tmp_path)), "--out", str(run), *nprocs]) == 2
+    assert nothing_loads == []  # neither the compiler, the model and data, nor a rank
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert line.startswith(
+        f"thrifty: error: run directory {run} is in use by pid {first.pid} on host {HOST}"
+    )
+    assert line.endswith(": wait for it to end, or use another --out")
+    assert Holder.parse((run / LOCK_FILE).read_bytes()).pid == first.pid  # left as it was
+
+
+def test_the_early_check_lets_a_dead_holders_run_dir_and_other_ranks_through(
+    tmp_path, holding, nothing_loads, monkeypatch
+):
+    from thrifty import cli
+
+    run = tmp_path / "run"
+    argv = ["train", str(slow_job(tmp_path)), "--out", str(run)]
+    first = holding(run_dir=str(run))
+    monkeypatch.setenv("RANK", "1")  # a rank other than 0: its own job's rank 0 holds it
+    assert cli.main(argv) == 0
+    monkeypatch.delenv("RANK")
+    first.kill()  # its lock file stays behind, its flock went with it: training takes it over
+    assert cli.main(argv) == 0
+    assert nothing_loads == ["load_torch", "train", "load_torch", "train"]
+    assert (run / LOCK_FILE).exists()  # not touched by the check

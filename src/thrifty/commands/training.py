@@ -121,11 +121,24 @@ def _run(args: argparse.Namespace, config: Any, stops: StopSignals) -> int:
     launching = _launching(args)
     stops.install(config.spot.signals)
     stops.check()
+    _refuse_a_run_dir_in_use(config)
     if launching:
         with stops.interruptible():  # until the launcher's handlers replace ours
             return _launch(args, config)
     load_torch()  # the compiler too, which the optimizer imports: not in a launcher
     return _train(config, stops)
+
+
+def _refuse_a_run_dir_in_use(config: Any) -> None:
+    """A run directory another live job holds: said at once, before torch's compiler, the
+    model and the data are loaded (and ranks started), not once training opens it. Rank 0
+    asks: the others of its job would find rank 0 itself holding it."""
+    from thrifty.run.lock import refuse_a_run_dir_in_use
+    from thrifty.run.opening import run_dir_of
+    from thrifty.strategies.process_group import env_rank
+
+    if env_rank() == 0:
+        refuse_a_run_dir_in_use(run_dir_of(config))
 
 
 def _launching(args: argparse.Namespace) -> bool:

@@ -61,6 +61,7 @@ __all__ = [
     "boot_id",
     "pid_alive",
     "process_start",
+    "refuse_a_run_dir_in_use",
 ]
 
 log = logging.getLogger("thrifty.run.lock")
@@ -125,6 +126,26 @@ class _LocalLock:
         if not self._flock():
             self._exclusive_create()
             self.needs_renewal = True
+
+    def refuse_if_held(self) -> None:
+        """Raise RunInUseError when a live process holds the flock now; take nothing (a shared
+        lock for an instant at most). A process that starts to take it meanwhile retries."""
+        try:
+            import fcntl
+
+            fd = os.open(self.path, os.O_RDONLY)
+        except (ImportError, OSError):  # no lock file (or no flock): acquire() decides
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self._holder_on_disk()
+            if holder is not None and not holder.gone():
+                raise self.in_use(holder) from None
+        except OSError:  # a file system without flock: the lock file's existence decides
+            pass
+        finally:
+            os.close(fd)  # a shared lock taken here goes with it
 
     def in_use(self, holder: Holder | None) -> RunInUseError:
         who = holder.describe() if holder else "another process"
@@ -288,6 +309,17 @@ class _LocalLock:
 
 
 # --- the lock ------------------------------------------------------------------------------------
+
+
+def refuse_a_run_dir_in_use(
+    run_dir: str | os.PathLike[str], run_dir_fix: str = "use another --out"
+) -> None:
+    """Raise RunInUseError, in the words `RunLock.acquire` would use, when a live process holds
+    `run_dir` now. A command asks before it builds the model, which can take minutes and the
+    device memory the running job needs. Takes nothing: `RunLock.acquire` still decides."""
+    directory = os.path.abspath(os.fspath(run_dir))
+    label = f"run directory {directory}"
+    _LocalLock(directory, label, run_dir_fix, Holder.me(), DEFAULT_TTL_SECONDS).refuse_if_held()
 
 
 class RunLock:

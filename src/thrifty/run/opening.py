@@ -62,12 +62,17 @@ def choices(interface: str, other: str, fresh: str) -> str:
     )
 
 
+def run_dir_of(config: TrainConfig) -> Path:
+    """The run directory: run.out, else runs/<run.name>."""
+    return Path(config.run.out) if config.run.out else default_run_dir(config.run.name)
+
+
 def claim_run_dir(config: TrainConfig, interface: str) -> Claimed:
     """Lock the run directory, refuse what must not be written over, and choose the checkpoint
     to resume from. The lock is released if anything after it fails."""
     require_packages(config.log)  # a missing logger package: one line, nothing touched yet
-    r, c = config.run, config.checkpoint
-    run_dir = Path(r.out) if r.out else default_run_dir(r.name)
+    c = config.checkpoint
+    run_dir = run_dir_of(config)
     # Before anything is read or written there: one writer per run directory and location.
     fix = "use another --out" if interface == "cli" else "give another RunConfig(out=...)"
     lock = RunLock(run_dir, c.location, c.storage_options, run_dir_fix=fix).acquire()
