@@ -187,7 +187,9 @@ def test_a_process_that_trains_imports_torch_and_its_compiler_frozen_a_launcher_
 
 
 @pytest.mark.parametrize("nprocs, launches", [(None, False), (1, False), (2, True)])
-def test_only_a_command_that_trains_here_loads_the_compiler(monkeypatch, nprocs, launches):
+def test_only_a_command_that_trains_here_loads_the_compiler(
+    monkeypatch, tmp_path, nprocs, launches
+):
     from thrifty.commands import training
     from thrifty.config import load_config
     from thrifty.records.stop_signals import stopping
@@ -197,6 +199,7 @@ def test_only_a_command_that_trains_here_loads_the_compiler(monkeypatch, nprocs,
     monkeypatch.setattr(training, "_launch", lambda args, config: calls.append("launch") or 0)
     monkeypatch.setattr(training, "_train", lambda config, stops: calls.append("train") or 0)
     args = argparse.Namespace(nprocs=nprocs, argv=["train", "job.toml"])
+    monkeypatch.chdir(tmp_path)  # its run directory, runs/run, is looked at for a lock
     with stopping() as stops:
         assert training._run(args, load_config(None, [("run.max_steps", "1")]), stops) == 0
     assert calls == (["launch"] if launches else ["load_torch", "train"])

@@ -133,12 +133,12 @@ def _refuse_a_run_dir_in_use(config: Any) -> None:
     """A run directory another live job holds: said at once, before torch's compiler, the
     model and the data are loaded (and ranks started), not once training opens it. Rank 0
     asks: the others of its job would find rank 0 itself holding it."""
-    from thrifty.run.lock import refuse_a_run_dir_in_use
+    from thrifty.run.lock import RunLock
     from thrifty.run.opening import run_dir_of
     from thrifty.strategies.process_group import env_rank
 
     if env_rank() == 0:
-        refuse_a_run_dir_in_use(run_dir_of(config))
+        RunLock(run_dir_of(config)).refuse_if_in_use()
 
 
 def _launching(args: argparse.Namespace) -> bool:

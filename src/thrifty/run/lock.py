@@ -61,7 +61,6 @@ __all__ = [
     "boot_id",
     "pid_alive",
     "process_start",
-    "refuse_a_run_dir_in_use",
 ]
 
 log = logging.getLogger("thrifty.run.lock")
@@ -311,17 +310,6 @@ class _LocalLock:
 # --- the lock ------------------------------------------------------------------------------------
 
 
-def refuse_a_run_dir_in_use(
-    run_dir: str | os.PathLike[str], run_dir_fix: str = "use another --out"
-) -> None:
-    """Raise RunInUseError, in the words `RunLock.acquire` would use, when a live process holds
-    `run_dir` now. A command asks before it builds the model, which can take minutes and the
-    device memory the running job needs. Takes nothing: `RunLock.acquire` still decides."""
-    directory = os.path.abspath(os.fspath(run_dir))
-    label = f"run directory {directory}"
-    _LocalLock(directory, label, run_dir_fix, Holder.me(), DEFAULT_TTL_SECONDS).refuse_if_held()
-
-
 class RunLock:
     """Exclusive use of a run directory and, when given, its checkpoint location.
 
@@ -369,16 +357,12 @@ class RunLock:
         """Why a part of the lock was lost to another process, or None."""
         return next((p.lost for p in self._parts if p.lost), None)
 
+    def _run_dir_part(self, holder: Holder) -> _LocalLock:
+        label = f"run directory {self.run_dir}"
+        return _LocalLock(self.run_dir, label, self.run_dir_fix, holder, self.ttl_seconds)
+
     def _plan(self, holder: Holder) -> list[_Part]:
-        parts: list[_Part] = [
-            _LocalLock(
-                self.run_dir,
-                f"run directory {self.run_dir}",
-                self.run_dir_fix,
-                holder,
-                self.ttl_seconds,
-            )
-        ]
+        parts: list[_Part] = [self._run_dir_part(holder)]
         location = self.checkpoint_location
         if location is None:
             return parts
@@ -408,6 +392,12 @@ class RunLock:
                 )
             )
         return parts
+
+    def refuse_if_in_use(self) -> None:
+        """Raise RunInUseError, as `acquire` would, when a live process holds the run directory
+        now; take nothing. A command asks before it builds the model, which can take minutes and
+        the device memory the running job needs; `acquire` still decides."""
+        self._run_dir_part(Holder.me()).refuse_if_held()
 
     def acquire(self) -> RunLock:
         """Take every part of the lock, or none: raises RunInUseError naming the holder."""
