@@ -21,6 +21,13 @@ os.environ["THRIFTY_PEAK_TFLOPS"] = "1"
 # run the suite as on one: THRIFTY_CPU_FLAGS="amx_bf16 avx512_bf16" make test.
 os.environ.setdefault("THRIFTY_CPU_FLAGS", "")
 
+# One CPU thread in every process a test starts, as in the tests' own process (below): the suite
+# runs two tests at once on a 2-core machine, and a training process with a thread per core then
+# only fights its neighbour for the cores (about 10% of the suite's time). Tests of the thread
+# defaults unset it; `--nprocs` and `thrifty sweep` keep what is set, as they do for you.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 # Run in the background of a script (`cmd &`, nohup), this process starts with SIGINT ignored and
 # so would every process a test starts: the Ctrl-C tests would see nothing arrive. A handler set
 # here is what an interactive run has, and children again start with Python's default handler.

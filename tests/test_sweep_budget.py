@@ -90,3 +90,19 @@ def test_each_worker_has_a_gpu_of_its_own(monkeypatch: pytest.MonkeyPatch) -> No
     ]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert _device_env(visible_gpus(), 0) == {}  # no GPU: the trials' environment as it is
+
+
+def test_each_trial_gets_its_share_of_the_cores_unless_you_set_the_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from thrifty.sweeps.runner import trial_env
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    shares = [(e["OMP_NUM_THREADS"], e["MKL_NUM_THREADS"]) for e in map(trial_env, (1, 2, 3, 16))]
+    assert shares == [("8", "8"), ("4", "4"), ("2", "2"), ("1", "1")]
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # yours: kept, as `--nprocs` keeps it
+    assert (trial_env(2)["OMP_NUM_THREADS"], trial_env(2)["MKL_NUM_THREADS"]) == ("3", "3")
+    monkeypatch.setenv("MKL_NUM_THREADS", "5")
+    assert (trial_env(2)["OMP_NUM_THREADS"], trial_env(2)["MKL_NUM_THREADS"]) == ("3", "5")

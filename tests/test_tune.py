@@ -557,6 +557,10 @@ def test_real_trials_write_a_winner_thrifty_train_runs_as_is(
     assert cli.main([*train, "--set", "run.progress=off"]) == 0
 
 
+# 12 processes (2 trials, 2 comparisons of 5 runs): out of the default suite. Its decisions are
+# test_tune_paired.py's on a fake clock, through the same tune, and real trial processes are
+# test_real_trials_write_a_winner_thrifty_train_runs_as_is's.
+@pytest.mark.slow
 def test_real_trials_keep_a_lever_on_paired_runs_and_the_waterfall_shows_their_figures(
     tmp_path, capsys, children_import_tests, monkeypatch
 ):

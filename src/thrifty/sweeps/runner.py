@@ -2,7 +2,7 @@
 
 Each worker is a thread of the sweep's process and each trial its own process
 (`thrifty.sweeps.trial`), so K workers run K trials at once, each with an equal share of the
-machine's cores (OMP_NUM_THREADS, torch's intra-op threads). A worker first requeues the trials
+machine's cores (OMP_NUM_THREADS, torch's intra-op threads, unless you set it). A worker first requeues the trials
 orphaned by a dead worker (`thrifty.sweeps.study`), then asks: Optuna hands out a waiting trial
 (preempted, orphaned) before it samples a new one, so an interrupted trial resumes before the
 search goes on. It stops asking once the study holds --trials trials, or once the budget cannot
@@ -304,5 +304,8 @@ def threads_per_trial(workers: int) -> int:
 
 
 def trial_env(workers: int) -> dict[str, str]:
-    threads = str(threads_per_trial(workers))
-    return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    """The trials' environment: OMP_NUM_THREADS and MKL_NUM_THREADS set to each trial's share
+    of the cores, unless set already (yours are kept, as `--nprocs` keeps them)."""
+    threads = os.environ.get("OMP_NUM_THREADS") or str(threads_per_trial(workers))
+    mkl = os.environ.get("MKL_NUM_THREADS") or threads
+    return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": mkl}
