@@ -2,11 +2,12 @@
 
 Each worker is a thread of the sweep's process and each trial its own process
 (`thrifty.sweeps.trial`), so K workers run K trials at once, each with an equal share of the
-machine's cores (OMP_NUM_THREADS, torch's intra-op threads; one you set is kept). A worker
-first requeues the trials orphaned by a dead worker (`thrifty.sweeps.study`), then asks: Optuna hands out a waiting trial
-(preempted, orphaned) before it samples a new one, so an interrupted trial resumes before the
-search goes on. It stops asking once the study holds --trials trials, or once the budget cannot
-pay for one more (a trial in flight always finishes or is pruned: never cut off unsaved).
+machine's cores (OMP_NUM_THREADS, torch's intra-op threads; one you set is kept). A worker first
+requeues the trials orphaned by a dead worker (`thrifty.sweeps.study`), then asks: Optuna hands
+out a waiting trial (preempted, orphaned) before it samples a new one, so an interrupted trial
+resumes before the search goes on. It stops asking once the study holds --trials trials, or once
+the budget cannot pay for one more (a trial in flight always finishes or is pruned: never cut
+off unsaved).
 
 A SIGTERM or SIGINT to the sweep is passed to every trial (each saves a checkpoint and goes back
 in the queue); the sweep then exits 75, and the same command continues it.
