@@ -447,7 +447,9 @@ def test_ranks_started_with_different_configs_are_refused_in_one_line(tmp_path):
 
 
 LEAVES = """
+import os
 import sys
+import time
 
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -455,16 +457,33 @@ import torch.nn.functional as F
 import dist_task
 from thrifty import Trainer, TrainConfig
 
-config = TrainConfig.from_dict({
-    "run": {"max_steps": 2, "out": sys.argv[1], "progress": "off", "device": "cpu"},
-    "batch": {"micro": 8, "effective": 32},
-    "data": {"num_workers": 0},
-    "measure": {"system": False, "peak_tflops": 1.0},
-})
-with Trainer(dist_task.Net(), dist_task.train_data(), config, loss_fn=lambda out, b: F.cross_entropy(out, b[1])) as trainer:
-    joined = dist.is_initialized() and trainer.dist.world_size == 2
-    trainer.fit()
+
+def train(out):
+    config = TrainConfig.from_dict({
+        "run": {"max_steps": 2, "out": out, "progress": "off", "device": "cpu"},
+        "batch": {"micro": 8, "effective": 32},
+        "data": {"num_workers": 0},
+        "measure": {"system": False, "peak_tflops": 1.0},
+        "distributed": {"timeout": "30s"},
+    })
+    with Trainer(dist_task.Net(), dist_task.train_data(), config, loss_fn=lambda out, b: F.cross_entropy(out, b[1])) as trainer:
+        joined = dist.is_initialized() and trainer.dist.world_size == 2
+        held.append(dist.group.WORLD)  # as an error's frames can: the group outlives the Trainer
+        trainer.fit()
+    return joined
+
+
+held = []
+
+
+joined = train(sys.argv[1])
 print(f"rank {dist.get_rank() if dist.is_initialized() else '-'} joined {joined} left {not dist.is_initialized()}")
+# A second Trainer in the same job, rank 0 arriving late: rank 1 must not take rank 0's
+# address from the first group, still open, and wait there until the timeout.
+if os.environ["RANK"] == "0":
+    time.sleep(3)
+joined = train(sys.argv[1] + "-again")
+print(f"again joined {joined} left {not dist.is_initialized()}")
 """
 
 
@@ -482,7 +501,8 @@ def test_a_trainer_used_with_with_leaves_the_process_group_it_joined(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     # Two ranks print to one pipe: count the reports, whatever their interleaving.
     assert result.stdout.count("rank - joined True left True") == 2, result.stdout
-    assert result.stdout.count("joined") == 2, result.stdout
+    assert result.stdout.count("rank - joined") == 2, result.stdout
+    assert result.stdout.count("again joined True left True") == 2, result.stdout
 
 
 OOM_ON_RANK_1 = """

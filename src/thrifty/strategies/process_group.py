@@ -176,6 +176,11 @@ class Distributed:
             self.owns_group = False
 
 
+# The process groups this process joined through init_distributed, each meeting under keys
+# of its own (`_group_store`).
+_groups_joined = 0
+
+
 def init_distributed(config: DistributedConfig, device: str) -> tuple[Distributed, str]:
     """Join torchrun's process group (if launched by it); returns it and the device to use.
 
@@ -203,7 +208,7 @@ def init_distributed(config: DistributedConfig, device: str) -> tuple[Distribute
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     timeout = datetime.timedelta(seconds=config.timeout_seconds)
-    store = _attempt_store(timeout)
+    store = _group_store(timeout)
     if store is None:
         dist.init_process_group(backend, timeout=timeout)
     else:
@@ -212,19 +217,27 @@ def init_distributed(config: DistributedConfig, device: str) -> tuple[Distribute
     return _joined(config, device, owns=True)
 
 
-def _attempt_store(timeout: datetime.timedelta) -> Any:
-    """The store of a worker group that torchrun restarted (`--max-restarts`), with keys of
-    its own; None for a first attempt. torchrun's workers share the agent's rendezvous store,
-    and torch assumes each attempt gets a fresh one: the first attempt's peer addresses are
-    still in it, so a restarted rank that reads a peer's address before the peer rewrote it
-    connects to a dead worker's port and times out. A prefix per attempt (TORCHELASTIC_RESTART_COUNT) keeps the attempts apart."""
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or attempt == "0":
+def _group_store(timeout: datetime.timedelta) -> Any:
+    """The store this process group meets in, with keys of its own; None for the first group
+    of a first attempt (torch's own). torchrun's workers share the agent's rendezvous store,
+    and torch assumes each group gets a fresh one: its ranks publish their addresses under the
+    same keys every time. A rank that reads a peer's address before the peer rewrote it
+    connects to the peer's old group. A dead one, a worker group torchrun restarted
+    (`--max-restarts`), times the join out. A live one, a group an earlier Trainer in this
+    process left while something still holds it (an out-of-memory error's frames), takes the
+    connection and never answers. A prefix per attempt (TORCHELASTIC_RESTART_COUNT) and per
+    group this process joined keeps them apart: every rank of a job joins the same sequence."""
+    global _groups_joined
+    attempt, group = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"), _groups_joined
+    _groups_joined += 1
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or (attempt, group) == ("0", 0):
         return None
     agent = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
     )
-    return dist.PrefixStore(f"thrifty/attempt_{attempt}", agent)
+    return dist.PrefixStore(
+        f"thrifty/attempt_{attempt}" + (f"/group_{group}" if group else ""), agent
+    )
 
 
 def _joined(config: DistributedConfig, device: str, *, owns: bool) -> tuple[Distributed, str]:
