@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -514,11 +515,9 @@ import torch
 
 from thrifty import Trainer, TrainConfig
 
-WHERE, EFFECTIVES = os.environ["OOM_WHERE"], os.environ["OOM_EFFECTIVE"].split(",")
-AFTER = int(os.environ["OOM_AFTER"])
 STRATEGY = os.environ.get("OOM_STRATEGY", "ddp")
 RANK = os.environ.get("RANK", "0")  # no RANK: one process, without a process group
-STRIKES = RANK == "1" and WHERE != "none"
+WHERE, AFTER, STRIKES = "none", 0, False  # the case running now (see the loop below)
 
 
 def strikes(x):
@@ -566,7 +565,12 @@ def loss_fn(out, batch):
 
 g = torch.Generator().manual_seed(1)
 data = torch.utils.data.TensorDataset(torch.randn(256, 6, generator=g), torch.randn(256, 1, generator=g))
-for effective in EFFECTIVES:  # a run each, in turn, in the folder WHERE-EFFECTIVE
+# A run a case, in turn, in the folder WHERE-EFFECTIVE: each case is a Trainer of its own,
+# joining the job's process group and leaving it, so one launch serves them all.
+for case in os.environ["OOM_CASES"].split(","):
+    WHERE, effective, after = case.split("-")
+    AFTER, Tight.calls = int(after), 0
+    STRIKES = RANK == "1" and WHERE != "none"
     out = os.path.join(sys.argv[1], f"{WHERE}-{effective}")
     config = TrainConfig.from_dict({
         "run": {"max_steps": 4, "out": out + "/run", "progress": "off", "device": "cpu"},
@@ -586,37 +590,28 @@ for effective in EFFECTIVES:  # a run each, in turn, in the folder WHERE-EFFECTI
 """
 
 
-def launch_oom_case(
-    tmp_path: Path,
-    where: str,
-    effective: int | str,
-    after: int,
-    strategy: str = "ddp",
-    nprocs: int = 2,
+def launch_oom_cases(
+    tmp_path: Path, cases: Sequence[str], strategy: str = "ddp", nprocs: int = 2
 ) -> subprocess.CompletedProcess[str]:
-    """The script's runs, one for each of the comma-separated `effective` batches, on `nprocs`
-    processes (torchrun's) or 1; each writes under `tmp_path / f"{where}-{effective}"`."""
+    """The script's runs, one for each case WHERE-EFFECTIVE-AFTER in turn, on `nprocs` processes
+    (torchrun's) or 1; each writes under `tmp_path / "WHERE-EFFECTIVE"`."""
     script = tmp_path / "oom.py"
     script.write_text(OOM_ON_RANK_1)
     command = [sys.executable]
     if nprocs > 1:
         command += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}"]
-    case = {"WHERE": where, "EFFECTIVE": effective, "AFTER": after, "STRATEGY": strategy}
     return subprocess.run(
         [*command, str(script), str(tmp_path)],
-        env={**child_env(), **{f"OOM_{k}": str(v) for k, v in case.items()}},
+        env={**child_env(), "OOM_CASES": ",".join(cases), "OOM_STRATEGY": strategy},
         capture_output=True,
         text=True,
         timeout=TIMEOUT,  # a rank left waiting in a collective fails the test here
     )
 
 
-def run_oom_case(tmp_path: Path, where: str, effective: int, after: int = 0) -> list[dict]:
-    result = launch_oom_case(tmp_path, where, effective, after)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "FutureWarning" not in result.stderr  # DDP built with this torch's own arguments
-    out = tmp_path / f"{where}-{effective}"
-    return [json.loads((out / f"rank.{r}").read_text()) for r in (0, 1)]
+def oom_ranks(folder: Path, where: str, effective: int, ranks: int = 2) -> list[dict]:
+    out = folder / f"{where}-{effective}"
+    return [json.loads((out / f"rank.{r}").read_text()) for r in range(ranks)]
 
 
 @pytest.fixture(scope="module")
@@ -625,30 +620,49 @@ def untouched(tmp_path_factory) -> dict[int, list[dict]]:
     on the same global batches (as test_ddp_trains_like_one_process_on_the_same_global_batch
     shows ranks train like one process), the two runs in turn."""
     folder = tmp_path_factory.mktemp("untouched")
-    result = launch_oom_case(folder, "none", "16,32", 0, strategy="auto", nprocs=1)
+    result = launch_oom_cases(folder, ["none-16-0", "none-32-0"], strategy="auto", nprocs=1)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "FutureWarning" not in result.stderr
-    return {e: [json.loads((folder / f"none-{e}" / "rank.0").read_text())] for e in (16, 32)}
+    return {e: oom_ranks(folder, "none", e, ranks=1) for e in (16, 32)}
+
+
+# Two micro-batches a window (forwards 1-2 are step 1's, 3-4 step 2's, ...).
+REPLAYED = [
+    ("forward", 32, 3),  # the synchronizing (last) micro-batch's forward
+    ("backward", 32, 3),  # the synchronizing backward part-way, DDP waiting on the rest
+    # One micro-batch a window: it is the synchronizing one.
+    ("forward", 16, 2),
+    ("loss", 16, 2),  # DDP's forward returned (its all-reduce armed), no gradient yet
+]
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The cases of the default suite, each running out of memory on rank 1, in one torchrun
+    job of 2 processes: a launch costs more than the cases together."""
+    folder = tmp_path_factory.mktemp("replayed")
+    return folder, launch_oom_cases(folder, [f"{w}-{e}-{a}" for w, e, a in REPLAYED])
 
 
 @pytest.mark.parametrize(
     "where, effective, after",
     [
-        # Two micro-batches a window (forwards 1-2 are step 1's, 3-4 step 2's, ...).
         # the window's first micro-batch, before any gradient crosses: the same replay as
         # [forward-32-3], one micro-batch earlier in the window: slow
         pytest.param("forward", 32, 4, marks=pytest.mark.slow),
-        ("forward", 32, 3),  # the synchronizing (last) micro-batch's forward
-        ("backward", 32, 3),  # the synchronizing backward part-way, DDP waiting on the rest
-        # One micro-batch a window: it is the synchronizing one.
-        ("forward", 16, 2),
-        ("loss", 16, 2),  # DDP's forward returned (its all-reduce armed), no gradient yet
+        *REPLAYED,
     ],
 )
 def test_an_out_of_memory_error_on_one_rank_is_replayed_by_every_rank(
-    tmp_path, untouched, where, effective, after
+    request, tmp_path, untouched, where, effective, after
 ):
-    ranks = run_oom_case(tmp_path, where, effective, after)
+    if request.node.get_closest_marker("slow"):  # a launch of its own
+        folder, result = tmp_path, launch_oom_cases(tmp_path, [f"{where}-{effective}-{after}"])
+    else:
+        folder, result = request.getfixturevalue("replayed")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "FutureWarning" not in result.stderr  # DDP built with this torch's own arguments
+    ranks = oom_ranks(folder, where, effective)
     assert all(r["steps"] == 4 and r["micro"] == 4 for r in ranks)  # both halved, none hung
     assert ranks[0]["w"] == ranks[1]["w"]  # and they still train one model
     # The same update as runs that never ran out of memory (halves: the sums' rounding).
@@ -656,7 +670,7 @@ def test_an_out_of_memory_error_on_one_rank_is_replayed_by_every_rank(
     assert expected["micro"] == 8
     for got, want in zip(ranks[0]["w"], expected["w"], strict=True):
         assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
-    events = (tmp_path / f"{where}-{effective}" / "run" / "metrics.jsonl").read_text()
+    events = (folder / f"{where}-{effective}" / "run" / "metrics.jsonl").read_text()
     assert '"event": "out_of_memory"' in events
 
 
@@ -664,6 +678,6 @@ def test_an_out_of_memory_error_under_fsdp_ends_the_run_on_every_rank_saying_how
     tmp_path,
 ):
     # FSDP's collectives run inside forward and backward: no replay, an end without a hang.
-    result = launch_oom_case(tmp_path, "forward", 32, 3, strategy="fsdp")
+    result = launch_oom_cases(tmp_path, ["forward-32-3"], strategy="fsdp")
     assert result.returncode != 0
     assert "resume with batch.micro halved and --allow-config-change" in result.stderr
