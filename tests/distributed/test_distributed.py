@@ -89,7 +89,10 @@ def write_config(tmp: Path, name: str, **values) -> Path:
 
 
 def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    # Not the separate rendezvous store a `--nprocs` launch run in a test's own process set:
+    # torchrun here shares its agent's store with the workers, as it does by default.
+    dropped = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     env.update(
         PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO / "src")]),
         OMP_NUM_THREADS="1",
