@@ -15,7 +15,6 @@ import pytest
 from stop_probe import (
     job,
     lines_about,
-    run,
     signal_at,
     sigterm_not_for_thrifty,  # noqa: F401 (a fixture)
 )
@@ -90,11 +89,12 @@ def test_sigterm_during_the_first_evaluation_leaves_a_run_directory_the_same_com
 def test_sigterm_while_the_checkpoint_loads_exits_75_and_the_same_command_resumes(
     tmp_path, capsys, caplog
 ):
-    # First run: preempted at step 2 (its own SIGTERM), an emergency checkpoint of step 2.
+    # First run, in this process: preempted at step 2 (its own SIGTERM), an emergency
+    # checkpoint of step 2.
     command, marks = job(tmp_path, hold="load", send_at=2)
-    first = run(command)
-    assert first.returncode == EXIT_PREEMPTED, first.stderr
-    assert "saving an emergency checkpoint at step 2" in first.stderr
+    code, first = again(command, capsys, caplog)
+    assert code == EXIT_PREEMPTED, first
+    assert "saving an emergency checkpoint at step 2" in first
 
     # Second run: stopped while it loads that checkpoint. The checkpoint is all there is.
     code, stderr = signal_at(command, marks / "load")
