@@ -15,14 +15,17 @@ import torch
 
 from dist_task import Net
 from test_tune import CONFIG, one_line_error
+from thrifty.tuning import trials
 
 TESTS = Path(__file__).resolve().parent
 
 
 class Hangs(Net):
-    """Every forward waits for something that never comes (a dead data server, a lock)."""
+    """Every forward waits for something that never comes (a dead data server, a lock); it
+    creates the file TUNE_TEST_HANGING names first."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        Path(os.environ["TUNE_TEST_HANGING"]).touch()
         time.sleep(3600)
         return super().forward(x)
 
@@ -64,9 +67,40 @@ def only_the_baseline(config: Path, out: Path, budget: str) -> list[str]:
     ]  # fmt: skip
 
 
+class BudgetWaitedOut:
+    """`time` as thrifty.tuning.trials sees it: the real clock until the tune has read the
+    trial's "ready" and the trial sits in its hanging forward; from then on `jump` seconds
+    later, past the deadline of a budget of `jump` seconds, as if it had been waited out."""
+
+    def __init__(self, hanging: Path, jump: float) -> None:
+        self.hanging, self.jump = hanging, jump
+        self.ready = False  # the tune read the trial's "ready to train"
+
+    def monotonic(self) -> float:
+        waited = self.ready and self.hanging.exists()
+        return time.monotonic() + (self.jump if waited else 0.0)
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
 def test_a_trial_that_completes_no_step_is_called_hung_not_a_budget_too_small(
-    job, tmp_path, capsys
+    job, tmp_path, capsys, monkeypatch
 ):
+    # The budget ends the hanging trial at its deadline. Rather than wait out its 40 s (which
+    # must leave a busy machine time to get the trial ready), the trials' clock jumps 40 s
+    # once the trial is ready and hangs: the tune then ends it as its budget would have.
+    hanging = tmp_path / "hanging"
+    monkeypatch.setenv("TUNE_TEST_HANGING", str(hanging))
+    clock = BudgetWaitedOut(hanging, jump=40.0)
+    monkeypatch.setattr(trials, "time", clock)
+    read = trials.StepCount.read
+
+    def read_noting_ready(steps: trials.StepCount) -> None:
+        read(steps)
+        clock.ready = clock.ready or steps.ready is not None
+
+    monkeypatch.setattr(trials.StepCount, "read", read_noting_ready)
     out = tmp_path / "tune"
     line = one_line_error(capsys, only_the_baseline(job("hangs"), out, "40s"))
     assert line.startswith(
