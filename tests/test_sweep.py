@@ -1,13 +1,17 @@
 """`thrifty sweep` end to end: real trials of a tiny model, each a `thrifty train` run in its own
 process, on the real command line.
 
+- A SIGTERM to the sweep's whole process group puts the running trial back in the queue (never
+  FAILED), exits 75 with one line, and the same command resumes it.
 - A sweep stopped by SIGKILL and run again resumes its unfinished trial from that trial's own
   checkpoint, never from step 0, runs no finished trial again, and ends with the same curves,
   values and pruner decisions as the same sweep never stopped.
-- A SIGTERM to the sweep's whole process group puts the running trial back in the queue (never
-  FAILED), exits 75 with one line, and the same command finishes it.
 - sweep.json holds every trial, the best, compute and dollars; best.toml holds the best
-  parameters; a shared study through a real PostgreSQL server takes trials from two processes.
+  parameters; two processes share a sweep through its journal on one machine, or through a
+  real PostgreSQL server.
+
+The sweeps a test does not signal run in the test's own process (`thrifty.cli.main`); their
+trials are processes of their own all the same.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any
 
 import optuna
 import pytest
+
+from thrifty import cli
 
 TESTS = Path(__file__).resolve().parent
 
@@ -97,10 +103,20 @@ def sweep_command(config: Path, space: Path, out: Path, *extra: str) -> list[str
     ]  # fmt: skip
 
 
-def run(command: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        command, env=env(), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-    )
+@pytest.fixture
+def here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """`thrifty sweep` run in this process, with the environment `env()` gives the command's
+    own process: `here(command)` is (exit code, stdout, stderr)."""
+    for key in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.setenv(key, env()[key])
+
+    def run(command: list[str]) -> tuple[int, str, str]:
+        assert command[:4] == [sys.executable, "-m", "thrifty", "sweep"]
+        code = cli.main(command[3:])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
 
 
 def record(out: Path) -> dict[str, Any]:
@@ -130,6 +146,12 @@ def start_and_wait_for(
     return proc
 
 
+def resumed_from(run_dir: Path) -> int:
+    """The step the trial's last session resumed from (each session rewrites train.log)."""
+    log = (run_dir / "train.log").read_text()
+    return int(log.split("resumed from step ")[1].split()[0])
+
+
 def study_states(out: Path) -> dict[int, str]:
     storage = optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(out / "study.journal"))
@@ -141,80 +163,99 @@ def study_states(out: Path) -> dict[int, str]:
 def outcome(data: dict[str, Any]) -> list[tuple[Any, ...]]:
     """What the sweep decided, trial by trial: what must not depend on a stop in between."""
     return [
-        (t["number"], t["state"], t["params"], t["value"], t["curve"], (t.get("pruned") or {}).get("step"))
+        (
+            t["number"],
+            t["state"],
+            t["params"],
+            t["value"],
+            t["curve"],
+            (t.get("pruned") or {}).get("step"),
+        )
         for t in data["trials"]
     ]
 
 
-def test_a_killed_sweep_resumes_its_trial_from_its_checkpoint_and_decides_as_if_never_stopped(
-    tmp_path: Path,
+def test_a_sigterm_then_a_sigkill_resume_the_trial_from_its_checkpoint_as_if_never_stopped(
+    tmp_path: Path, here
 ) -> None:
     config, space = write_inputs(tmp_path, steps=80)
     # Two trials: the second one the pruner compares with the first (its rung's best) at step 10.
     args = ("--trials", "2", "--pruner", "asha")
 
-    # The same sweep twice: never stopped, and SIGKILLed while its first trial trains.
-    whole = run(sweep_command(config, space, tmp_path / "whole", *args))
-    assert whole.returncode == 0, whole.stderr
-    killed = tmp_path / "killed"
-    command = sweep_command(config, space, killed, *args)
-    proc = start_and_wait_for(command, killed / "trials" / "0000", step=30)
-    os.kill(proc.pid, signal.SIGKILL)  # the sweep alone: its trial dies with it (the tether)
-    proc.communicate(timeout=60)
-    assert study_states(killed) == {0: "RUNNING"}  # not failed: orphaned, for the next worker
+    # The same sweep twice: never stopped, and stopped twice while its first trial trains: by a
+    # SIGTERM to its process group, then, resumed by the same command, by a SIGKILL.
+    code, _, err = here(sweep_command(config, space, tmp_path / "whole", *args))
+    assert code == 0, err
+    stopped = tmp_path / "stopped"
+    command = sweep_command(config, space, stopped, *args)
+    trial = stopped / "trials" / "0000"
 
-    again = run(command)
-    assert again.returncode == 0, again.stderr
-    assert "trial 0: resumed" in again.stderr
-    log = (killed / "trials" / "0000" / "train.log").read_text()
-    # From its newest complete checkpoint: the one at step 30 may have been cut short by the
-    # kill (then it is not trusted and the one at 20 is), never from step 0.
-    assert int(log.split("resumed from step ")[1].split()[0]) >= 20
-
-    # Bit for bit: every trial's curve, value and the pruner's decisions are those of the
-    # sweep that never stopped.
-    assert outcome(record(killed)) == outcome(record(tmp_path / "whole"))
-    assert set(study_states(killed).values()) <= {"COMPLETE", "PRUNED"}
-
-    # Run once more: every trial is finished, none runs again.
-    logs = {p: p.read_text() for p in killed.glob("trials/*/train.log")}
-    third = run(command)
-    assert third.returncode == 0, third.stderr
-    assert "trial" not in third.stderr.replace("thrifty sweep:", "")
-    assert {p: p.read_text() for p in killed.glob("trials/*/train.log")} == logs
-
-
-def test_a_sigterm_to_the_group_requeues_the_trial_exits_75_and_the_same_command_finishes(
-    tmp_path: Path,
-) -> None:
-    config, space = write_inputs(tmp_path, steps=80)
-    out = tmp_path / "sweep"
-    command = sweep_command(config, space, out, "--trials", "1", "--pruner", "none")
-    proc = start_and_wait_for(command, out / "trials" / "0000", step=20)
+    proc = start_and_wait_for(command, trial, step=20)
     os.killpg(proc.pid, signal.SIGTERM)  # a scheduler signals the whole process group
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, err
     lines = [line for line in err.splitlines() if "sweep stopped" in line]
     assert len(lines) == 1 and "run the same command" in lines[0]
     assert "Traceback" not in err
-    assert study_states(out) == {0: "WAITING"}  # never FAILED
-    assert record(out)["trials"][0]["state"] == "waiting"
+    assert study_states(stopped) == {0: "WAITING"}  # never FAILED
+    assert record(stopped)["trials"][0]["state"] == "waiting"
 
-    again = run(command)
-    assert again.returncode == 0, again.stderr
-    log = (out / "trials" / "0000" / "train.log").read_text()
-    assert int(log.split("resumed from step ")[1].split()[0]) >= 20
-    assert record(out)["trials"][0]["state"] == "complete"
+    # The same command resumes the trial; killed once it has saved a checkpoint past the one
+    # it resumed from.
+    proc = start_and_wait_for(command, trial, step=newest_checkpoint_step(trial) + 1)
+    os.kill(proc.pid, signal.SIGKILL)  # the sweep alone: its trial dies with it (the tether)
+    _, err = proc.communicate(timeout=60)
+    assert "trial 0: resumed" in err
+    assert resumed_from(trial) >= 20  # the SIGTERM's checkpoint, never step 0
+    assert study_states(stopped) == {0: "RUNNING"}  # not failed: orphaned, for the next worker
+
+    code, _, err = here(command)
+    assert code == 0, err
+    assert "trial 0: resumed" in err
+    # From its newest complete checkpoint: the one the SIGKILL came after may have been cut
+    # short by it (then it is not trusted and the one before is), never from step 0.
+    assert resumed_from(trial) >= 20
+
+    # Bit for bit: every trial's curve, value and the pruner's decisions are those of the
+    # sweep that never stopped.
+    assert outcome(record(stopped)) == outcome(record(tmp_path / "whole"))
+    assert set(study_states(stopped).values()) <= {"COMPLETE", "PRUNED"}
+    assert record(stopped)["trials"][0]["state"] == "complete"
+
+    # Run once more: every trial is finished, none runs again.
+    logs = {p: p.read_text() for p in stopped.glob("trials/*/train.log")}
+    code, _, err = here(command)
+    assert code == 0, err
+    assert "trial" not in err.replace("thrifty sweep:", "")
+    assert {p: p.read_text() for p in stopped.glob("trials/*/train.log")} == logs
 
 
-def test_a_sweep_records_every_trial_its_dollars_and_writes_best_toml(tmp_path: Path) -> None:
+def test_two_processes_share_one_sweeps_journal_and_it_records_every_trial_and_writes_best_toml(
+    tmp_path: Path, here
+) -> None:
     config, space = write_inputs(tmp_path, steps=40)
     out = tmp_path / "sweep"
-    done = run(sweep_command(config, space, out, "--trials", "3", "--workers", "2", "--json"))
-    assert done.returncode == 0, done.stderr
-    printed = json.loads(done.stdout)
+    command = sweep_command(config, space, out, "--trials", "3")
+    procs = [
+        subprocess.Popen(
+            command, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    states = study_states(out)
+    assert states == {0: "COMPLETE", 1: "COMPLETE", 2: "COMPLETE"}  # none twice, none lost
+    runs = sorted(p.parent.name for p in out.glob("trials/*/summary.json"))
+    assert runs == ["0000", "0001", "0002"]
+
+    # The same command once more runs no trial and prints the sweep's record.
+    code, printed, err = here([*command, "--json"])
+    assert code == 0, err
+    assert "trial" not in err.replace("thrifty sweep:", "")
     data = record(out)
-    assert printed == data
+    assert json.loads(printed) == data
     trials = data["trials"]
     assert [t["number"] for t in trials] == [0, 1, 2]
     for t in trials:
@@ -229,7 +270,11 @@ def test_a_sweep_records_every_trial_its_dollars_and_writes_best_toml(tmp_path: 
         assert t["cost"] > summary["cost"]["usd"] > 0
         assert 0.001 <= t["params"]["optimizer.lr"] <= 0.3
     best = min(trials, key=lambda t: t["value"])
-    assert data["best"] == {"number": best["number"], "value": best["value"], "params": best["params"]}
+    assert data["best"] == {
+        "number": best["number"],
+        "value": best["value"],
+        "params": best["params"],
+    }
     c = data["compute"]
     assert c["cost"] == pytest.approx(sum(t["cost"] for t in trials))
     assert c["seconds"] == pytest.approx(sum(t["seconds"] for t in trials))
@@ -250,7 +295,10 @@ def test_two_processes_share_one_sweep_through_a_real_postgresql_server(
     procs = [
         subprocess.Popen(
             sweep_command(config, space, tmp_path / f"machine{i}", *common),
-            env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )  # fmt: skip
         for i in range(2)
     ]
@@ -268,13 +316,13 @@ def test_two_processes_share_one_sweep_through_a_real_postgresql_server(
 
 
 def test_hyperband_pauses_the_early_arrivals_and_stops_as_many_as_its_bracket_prescribes(
-    tmp_path: Path,
+    tmp_path: Path, here
 ) -> None:
     # eval.every 10, 30 steps: a first bracket of 3 trials compared at step 10, keeping 1.
     config, space = write_inputs(tmp_path, steps=30)
     out = tmp_path / "sweep"
-    done = run(sweep_command(config, space, out, "--trials", "3", "--pruner", "hyperband"))
-    assert done.returncode == 0, done.stderr
+    code, _, err = here(sweep_command(config, space, out, "--trials", "3", "--pruner", "hyperband"))
+    assert code == 0, err
     trials = record(out)["trials"]
     states = sorted(t["state"] for t in trials)
     assert states == ["complete", "pruned", "pruned"]
@@ -288,7 +336,7 @@ def test_hyperband_pauses_the_early_arrivals_and_stops_as_many_as_its_bracket_pr
             assert [step for step, _ in t["curve"]] == [10]
     # The trials that reached step 10 before the last of their bracket were paused there (a
     # checkpoint, exit 75), and the one that went on resumed from that checkpoint.
-    assert done.stderr.count(": paused (at step 10") == 2
+    assert err.count(": paused (at step 10") == 2
     if survivor["number"] != 2:
         log = (out / "trials" / f"{survivor['number']:04d}" / "train.log").read_text()
         assert "resumed from step 10" in log
@@ -318,20 +366,3 @@ def test_the_python_api_takes_dicts_and_a_budget_stops_starting_trials_it_cannot
     assert any("no new trial" in line for line in said)
     assert data["compute"]["cost"] == data["trials"][0]["cost"] > 0.000001
     assert data["budget"] == "$0.00"
-
-
-def test_two_processes_share_one_sweeps_journal_on_one_machine(tmp_path: Path) -> None:
-    config, space = write_inputs(tmp_path, steps=20)
-    out = tmp_path / "sweep"
-    command = sweep_command(config, space, out, "--trials", "3", "--pruner", "none")
-    procs = [
-        subprocess.Popen(command, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(2)
-    ]
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err
-    states = study_states(out)
-    assert states == {0: "COMPLETE", 1: "COMPLETE", 2: "COMPLETE"}  # none twice, none lost
-    runs = sorted(p.parent.name for p in out.glob("trials/*/summary.json"))
-    assert runs == ["0000", "0001", "0002"]
