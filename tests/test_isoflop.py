@@ -5,6 +5,7 @@ once each even when the command runs again, and read back by `thrifty plan fit`.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,9 @@ from thrifty.errors import ConfigError
 from thrifty.plan.lawpoints import read_points
 from thrifty.sweeps.isoflop import MIN_STEPS, layout, parse_sizes
 
+TESTS = Path(__file__).resolve().parent
 KEY = "task.model_args.n_embd"
+# The demo GPT on text made by byte_task (not the demo's, read from the standard library).
 CONFIG = {
     **DEMO_CONFIG,
     "run": {"device": "cpu", "seed": 0, "log_every": 5, "progress": "off"},
@@ -27,6 +30,8 @@ CONFIG = {
     "measure": {"breakdown": False, "system": False},
     "task": {
         **DEMO_CONFIG["task"],
+        "train_data": "byte_task:train_data",
+        "val_data": "byte_task:val_data",
         "model_args": {"n_layer": 1, "n_head": 1, "n_embd": 8, "block_size": 16},
         "data_args": {"block_size": 16, "max_bytes": 40_000},
     },
@@ -70,20 +75,29 @@ def test_a_grid_that_cannot_be_laid_out_is_one_line(config, size, flops, words):
         layout(config, key, sizes, flops)
 
 
+# The grid the command runs: its runs train 11 to 51 steps (the least is MIN_STEPS, 10).
+FLOPS = [5e7, 1e8]
+
+
 def isoflop(capsys, config: Path, out: Path, *extra: str) -> tuple[int, str]:
     """The command run here (its runs are processes of their own): its exit code and stderr."""
     argv = ["plan", "isoflop", str(config)]
-    argv += ["--size", f"{KEY}=8,12,16", "--flops", "2e8,6e8", "--out", str(out), *extra]
+    argv += ["--size", f"{KEY}=8,12,16", "--flops", ",".join(f"{c:g}" for c in FLOPS)]
+    argv += ["--out", str(out), *extra]
     code = cli.main(argv)
     return code, capsys.readouterr().err
 
 
-def test_the_grid_runs_as_a_sweep_once_and_plan_fit_reads_its_runs(config, tmp_path, capsys):
+def test_the_grid_runs_as_a_sweep_once_and_plan_fit_reads_its_runs(
+    config, tmp_path, capsys, monkeypatch
+):
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
+    monkeypatch.setenv("PYTHONPATH", path)  # the runs import byte_task
     out = tmp_path / "grid 'one'"
     code, err = isoflop(capsys, config, out, "--workers", "2")
     assert code == 0, err
     assert "thrifty plan fit " in err
-    expected = {(r.size, r.steps) for r in layout(config, KEY, [8, 12, 16], [2e8, 6e8])}
+    expected = {(r.size, r.steps) for r in layout(config, KEY, [8, 12, 16], FLOPS)}
     record = json.loads((out / "sweep.json").read_text())
     ran = {(t["params"][KEY], t["params"]["run.max_steps"]) for t in record["trials"]}
     assert ran == expected and len(record["trials"]) == 6
