@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+import pytest
+
+from train_in_turn import torchrun_in_turn
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
-TIMEOUT = 120  # seconds the launch may take before the test fails instead of hanging
+TIMEOUT = 240  # seconds the launch (3 runs) may take before the test fails instead of hanging
 
 CONFIG = """
 [run]
@@ -52,8 +55,9 @@ loss_fn = "dist_task:cross_entropy"
 """
 
 
-def train_two_ranks(tmp_path: Path, slow_rank: int, slow_ms: float, data_ms: float = 0.0) -> Path:
-    config = tmp_path / "config.toml"
+def write_config(folder: Path, name: str, slow_rank: int, slow_ms: float, data_ms: float = 0.0):
+    """The config of case `name`, written as `folder/name.toml`; returns the command line that
+    trains it into `folder/name`."""
     text = CONFIG.format(slow_rank=slow_rank, slow_ms=slow_ms)
     if data_ms:  # rank `slow_rank` is slow at fetching its data instead
         text = text.replace(
@@ -64,17 +68,31 @@ def train_two_ranks(tmp_path: Path, slow_rank: int, slow_ms: float, data_ms: flo
             'train_data = "straggler_task:slow_data"\n'
             f"data_args = {{ slow_rank = {slow_rank}, ms = {data_ms} }}",
         )
+    config = folder / f"{name}.toml"
     config.write_text(text)
-    out = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return [str(config), "--out", str(folder / name)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """The three cases' runs, in `runs/<case>`: one torchrun job of two processes that trains
+    them in turn, as a launch costs more than the three runs."""
+    folder = tmp_path_factory.mktemp("stragglers")
+    lines = [
+        write_config(folder, "forward", slow_rank=1, slow_ms=25.0),
+        write_config(folder, "alike", slow_rank=-1, slow_ms=0.0),
+        write_config(folder, "data", slow_rank=1, slow_ms=0.0, data_ms=1.0),
+    ]
+    # torchrun's shared store, its default, which a second Trainer in a job needs.
+    dropped = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     env.update(
         PYTHONPATH=os.pathsep.join([str(TESTS / "distributed"), str(TESTS), str(REPO / "src")]),
         OMP_NUM_THREADS="1",
         THRIFTY_SPOT_PROVIDER="none",
     )
-    command = [sys.executable, "-m", "thrifty", "train", str(config), "--out", str(out)]
     result = subprocess.run(
-        [*command, "--nprocs", "2"],
+        torchrun_in_turn(*lines),
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -82,7 +100,7 @@ def train_two_ranks(tmp_path: Path, slow_rank: int, slow_ms: float, data_ms: flo
         timeout=TIMEOUT,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return out
+    return folder
 
 
 def interval_records(run: Path) -> list[dict]:
@@ -90,8 +108,8 @@ def interval_records(run: Path) -> list[dict]:
     return [r for line in lines if "ranks" in (r := json.loads(line))]
 
 
-def test_a_rank_slower_at_its_forward_is_recorded_and_named_a_straggler(tmp_path):
-    run = train_two_ranks(tmp_path, slow_rank=1, slow_ms=25.0)
+def test_a_rank_slower_at_its_forward_is_recorded_and_named_a_straggler(runs):
+    run = runs / "forward"
     records = interval_records(run)
     assert len(records) >= 4  # every interval after the warm-up step
     for record in records:
@@ -110,19 +128,19 @@ def test_a_rank_slower_at_its_forward_is_recorded_and_named_a_straggler(tmp_path
     assert "replace the instance" in advice[0]["text"]
 
 
-def test_ranks_doing_the_same_work_name_no_straggler(tmp_path):
-    run = train_two_ranks(tmp_path, slow_rank=-1, slow_ms=0.0)
+def test_ranks_doing_the_same_work_name_no_straggler(runs):
+    run = runs / "alike"
     assert all(len(r["ranks"]["work_seconds"]) == 2 for r in interval_records(run))
     diagnosis = json.loads((run / "diagnosis.json").read_text())
     assert "straggler" in diagnosis and diagnosis["straggler"] is None
     assert not any("straggler" in line for line in diagnosis["evidence"])
 
 
-def test_a_rank_slower_at_fetching_its_data_is_named_with_the_data_advice(tmp_path):
+def test_a_rank_slower_at_fetching_its_data_is_named_with_the_data_advice(runs):
     # Rank 1's items cost 1 ms each (32 ms a micro-batch); rank 0's cost nothing. Rank 0's own
     # data wait includes waiting for rank 1 in the fetch's agreement: only the time outside
     # agreements tells them apart.
-    run = train_two_ranks(tmp_path, slow_rank=1, slow_ms=0.0, data_ms=1.0)
+    run = runs / "data"
     records = interval_records(run)
     assert records and all(
         r["ranks"]["data_seconds"][1] > r["ranks"]["data_seconds"][0] for r in records
