@@ -10,7 +10,10 @@ switch.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -29,6 +32,7 @@ from distributed.test_distributed import (
     ok,
     one_error_line,
 )
+from thrifty.cli import main
 
 STEPS = 10  # 4 steps an epoch
 # Where each part of a run of 2 (or 3) parts ends: every switch falls in the middle of an epoch.
@@ -86,15 +90,39 @@ def write_config(folder: Path, *, effective: int | None = 64) -> Path:
 
 
 def train(config: Path, out: Path, *args: str, nprocs: int = 1) -> subprocess.CompletedProcess:
+    """`thrifty train` on `nprocs` processes: more than one launched by `--nprocs`, one trained
+    in this process (a process of its own costs more to start than its run here)."""
+    argv = ["train", str(config), "--out", str(out), *args]
+    if nprocs == 1:
+        return train_here(argv)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     paths = [str(TESTS), str(TESTS / "distributed"), str(REPO / "src")]
     env.update(PYTHONPATH=os.pathsep.join(paths), OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "thrifty", "train", str(config), "--out", str(out), *args]
-    if nprocs > 1:
-        command += ["--nprocs", str(nprocs)]
+    command = [sys.executable, "-m", "thrifty", *argv, "--nprocs", str(nprocs)]
     return subprocess.run(
         command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT
     )
+
+
+def train_here(argv: list[str]) -> subprocess.CompletedProcess:
+    """`thrifty ARGV` in this process: its exit code, and what it printed and logged (its lines
+    as the command line shows them), as a child process's would be."""
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("thrifty: %(message)s"))
+    logger = logging.getLogger("thrifty")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    sys.path.insert(0, str(TESTS / "distributed"))  # elastic_task, as PYTHONPATH has it
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+    finally:
+        sys.path.remove(str(TESTS / "distributed"))
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def samples_seen(folder: Path) -> list[int]:
@@ -110,15 +138,17 @@ def summary(out: Path) -> dict:
 def switched(tmp: Path, worlds: tuple[int, ...]) -> tuple[Path, list[subprocess.CompletedProcess]]:
     """A run started by `worlds[0]` processes and resumed by each next count in turn, the
     part of each ending at its step of SWITCHES, the last one's at the end. Returns the
-    resumed parts' results."""
+    resumed parts' results. A copy of the run as each part but the last left it (made
+    resumable) is kept beside it, in `run-at-<step>`."""
     folder = tmp / "-to-".join(map(str, worlds))
     config = write_config(folder)
     out = folder / "run"
     ends = SWITCHES[len(worlds)]
     ok(train(config, out, "--steps", str(ends[0]), nprocs=worlds[0]))
     results = []
-    for world, end in zip(worlds[1:], ends[1:], strict=True):
+    for world, start, end in zip(worlds[1:], ends[:-1], ends[1:], strict=True):
         (out / "summary.json").unlink()  # a finished run made resumable for more steps
+        shutil.copytree(out, folder / f"run-at-{start}")
         steps = ("--steps", str(end)) if end < STEPS else ()
         results.append(ok(train(config, out, *steps, nprocs=world)))
     return folder, results
@@ -132,6 +162,13 @@ def uninterrupted(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def one_two_one(tmp_path_factory) -> tuple[Path, list[subprocess.CompletedProcess]]:
+    """The run of [1-2-1]: its checkpoint of 1 process (`run-at-3`) and of 2 (`run-at-6`) are
+    the ones the refusals below resume."""
+    return switched(tmp_path_factory.mktemp("switched"), (1, 2, 1))
+
+
 @pytest.mark.parametrize(
     "worlds",
     [
@@ -142,9 +179,12 @@ def uninterrupted(tmp_path_factory) -> Path:
     ],
 )
 def test_a_ddp_run_resumed_at_another_world_size_continues_the_uninterrupted_run(
-    uninterrupted, tmp_path, worlds
+    request, uninterrupted, tmp_path, worlds
 ):
-    folder, results = switched(tmp_path, worlds)
+    if worlds == (1, 2, 1):
+        folder, results = request.getfixturevalue("one_two_one")
+    else:
+        folder, results = switched(tmp_path, worlds)
     starts = SWITCHES[len(worlds)][:-1]
     for before, after, start, resumed in zip(worlds[:-1], worlds[1:], starts, results, strict=True):
         assert f"resumed from step {start}" in resumed.stderr
@@ -166,30 +206,32 @@ def test_a_ddp_run_resumed_at_another_world_size_continues_the_uninterrupted_run
         torch.testing.assert_close(wb[name], wa[name], rtol=1e-4, atol=1e-6)
 
 
-@pytest.fixture(scope="module")
-def checkpointed(tmp_path_factory) -> Path:
-    """A one-process run checkpointed at step 3 and made resumable for more steps."""
-    folder = tmp_path_factory.mktemp("checkpointed")
-    out = folder / "run"
-    ok(train(write_config(folder), out, "--steps", "3"))
-    (out / "summary.json").unlink()
-    return folder
-
-
-def resumed(checkpointed: Path, tmp: Path, *args: str, nprocs: int, effective: int | None = 64):
-    """The checkpointed run resumed (a copy of it) by `nprocs` processes."""
+def resumed(run: Path, tmp: Path, *args: str, effective: int | None = 64):
+    """`run` (a resumable copy of it) resumed in this process; `args`: more of the command line."""
     out = tmp / "run"
-    shutil.copytree(checkpointed / "run", out)
-    return train(write_config(tmp, effective=effective), out, *args, nprocs=nprocs)
+    shutil.copytree(run, out)
+    return train_here(
+        ["train", str(write_config(tmp, effective=effective)), "--out", str(out), *args]
+    )
 
 
-def test_a_world_size_the_global_batch_does_not_divide_is_refused_on_resume(checkpointed, tmp_path):
-    line = one_error_line(resumed(checkpointed, tmp_path / "fixed", nprocs=3))
+def test_a_world_size_the_global_batch_does_not_divide_is_refused_on_resume(
+    one_two_one, tmp_path, monkeypatch
+):
+    # --nprocs refuses it before it starts a rank: in this process, a launch would fail the test.
+    from thrifty.strategies import launcher
+
+    def launch(*args, **kwargs):
+        raise AssertionError("the launcher started its ranks")
+
+    monkeypatch.setattr(launcher, "launch", launch)
+    checkpointed = one_two_one[0] / "run-at-3"  # by 1 process
+    line = one_error_line(resumed(checkpointed, tmp_path / "fixed", "--nprocs", "3"))
     assert line == (
         "thrifty: error: batch.effective = 64 is invalid: must be a multiple of batch.micro × "
         "world size = 16 × 3 = 48"
     )
-    auto = resumed(checkpointed, tmp_path / "auto", "--set", "batch.micro=auto", nprocs=3)
+    auto = resumed(checkpointed, tmp_path / "auto", "--set", "batch.micro=auto", "--nprocs", "3")
     assert one_error_line(auto) == (
         "thrifty: error: batch.effective = 64 is invalid: must be a multiple of the world size "
         "(3) with batch.micro = 'auto'"
@@ -197,9 +239,11 @@ def test_a_world_size_the_global_batch_does_not_divide_is_refused_on_resume(chec
 
 
 def test_a_global_batch_that_followed_the_process_count_is_refused_at_another(
-    checkpointed, tmp_path
+    one_two_one, tmp_path
 ):
-    # Without batch.effective, 2 processes of 16 make 32, not the checkpoint's 64.
-    line = one_error_line(resumed(checkpointed, tmp_path, nprocs=2, effective=None))
-    assert "written by 1 process(es) with an effective batch of 64" in line
+    # The checkpoint of 2 processes with batch.effective = 64 (2 micro-batches of 16 on each),
+    # resumed by 1 process without batch.effective: 1 process of 16 makes 16, not 64.
+    line = one_error_line(resumed(one_two_one[0] / "run-at-6", tmp_path, effective=None))
+    assert "written by 2 process(es) with an effective batch of 64" in line
+    assert "this run of 1 has 16 (batch.micro × world size)" in line
     assert "set batch.effective = 64 to resume at another world size" in line
