@@ -13,6 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from train_in_turn import torchrun_in_turn
+
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 TIMEOUT = 240  # seconds a launch may take before the test fails instead of hanging
@@ -67,7 +71,10 @@ def write_config(tmp: Path, at: int) -> Path:
 
 
 def run(command: list[str], **env: str) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    # torchrun's workers share its agent's store, as by default (a second Trainer in a job, and a
+    # restarted worker group, meet there on keys of their own).
+    dropped = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+    environ = {k: v for k, v in os.environ.items() if k not in dropped}
     environ.update(
         PYTHONPATH=os.pathsep.join([str(TESTS / "fleet"), str(TESTS), str(REPO / "src")]),
         OMP_NUM_THREADS="1",
@@ -118,35 +125,35 @@ def losses(out: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
-def test_plain_torchrun_says_1_where_the_node_agent_keeps_75(tmp_path):
-    config = write_config(tmp_path, at=100)
-    plain = torchrun("-m", "thrifty", "train", str(config), "--out", str(tmp_path / "plain"))
-    assert plain.returncode == 1, plain.stderr[-2000:]
-    assert "exitcode: 75" in plain.stderr  # what the worker said, lost in the exit code
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One job under plain torchrun (no restarts) whose 2 processes train, in turn, an
+    undisturbed run (`reference`, the restart test's) and then one whose rank 1 is preempted
+    (`plain`): one launch for both."""
+    tmp = tmp_path_factory.mktemp("plain")
+    reference = [str(write_config(tmp, at=10**9)), "--out", str(tmp / "reference")]
+    preempted = [str(write_config(tmp, at=100)), "--out", str(tmp / "plain")]
+    return tmp, run(torchrun_in_turn(reference, preempted))
 
+
+def test_plain_torchrun_says_1_where_the_node_agent_keeps_75(tmp_path, plain):
+    folder, result = plain
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "exitcode: 75" in result.stderr  # what the worker said, lost in the exit code
+    assert "preempted at step" in result.stdout
+    assert not (folder / "plain" / "summary.json").exists()
+
+    config = write_config(tmp_path, at=100)
     kept = agent("--", "train", str(config), "--out", str(tmp_path / "agent"))
     assert kept.returncode == 75, kept.stderr[-3000:]
     assert "preempted at step" in kept.stdout
     assert not (tmp_path / "agent" / "summary.json").exists()
 
 
-def test_a_preempted_group_restarted_by_torchrun_resumes_and_finishes_exactly(tmp_path):
-    reference = tmp_path / "reference"
-    undisturbed = write_config(tmp_path, at=10**9)
-    result = run(
-        [
-            sys.executable,
-            "-m",
-            "thrifty",
-            "train",
-            str(undisturbed),
-            "--out",
-            str(reference),
-            "--nprocs",
-            "2",
-        ]
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_a_preempted_group_restarted_by_torchrun_resumes_and_finishes_exactly(tmp_path, plain):
+    reference = plain[0] / "reference"
+    summary = json.loads((reference / "summary.json").read_text())
+    assert summary["steps"] == STEPS and summary["stop_reason"] == "max_steps"
 
     out = tmp_path / "restarted"
     result = torchrun(
