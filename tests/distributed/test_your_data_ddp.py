@@ -25,6 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 TIMEOUT = 120  # seconds any launch may take before the test fails instead of hanging
 STEPS = 12
+# The killed test's case whose never-killed reference run trains in the split's job.
+REFERENCE = ("streams:stream", 2)
 
 CONFIG = """
 [run]
@@ -62,8 +64,10 @@ model_args = {{ n_layer = 1, n_head = 2, n_embd = 32, block_size = 32, dropout =
 
 
 def child_env() -> dict[str, str]:
-    """torchrun's children find the stream factories, never reach the network, share the cores."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    """torchrun's children find the stream factories, never reach the network, share the cores,
+    and share torchrun's store, as by default (a second process group in a job needs it)."""
+    dropped = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     env.update(
         PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO / "src")]),
         OMP_NUM_THREADS="1",
@@ -192,11 +196,14 @@ def final_state(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[int, float
     ],
 )
 def test_a_job_killed_outright_resumes_from_its_data_state_to_the_same_weights(
-    tmp_path, train_data, workers
+    request, tmp_path, train_data, workers
 ):
     config = write_config(tmp_path, train_data, workers)
-    reference = tmp_path / "reference"
-    run(train(config, reference))
+    if (train_data, workers) == REFERENCE:  # the reference trained in the split's job
+        reference = request.getfixturevalue("split") / "reference"
+    else:
+        reference = tmp_path / "reference"
+        run(train(config, reference))
 
     cut = tmp_path / "cut"
     command = train(config, cut)
@@ -257,16 +264,31 @@ passes = {
 with open(f"{sys.argv[2]}/rank.{dist.rank}.json", "w") as out:
     json.dump(passes, out)
 dist.close()
+
+# Then the `thrifty train` command line after those arguments, if any, in this job.
+if sys.argv[3:]:
+    from thrifty.cli import main
+
+    sys.exit(main(sys.argv[3:]))
 """
 
 
-def test_the_ranks_share_a_pass_of_a_stream_without_a_sample_in_common(tmp_path):
-    script = tmp_path / "split.py"
+@pytest.fixture(scope="module")
+def split(tmp_path_factory) -> Path:
+    """One torchrun job of 2 processes that splits a pass of each stream (SPLIT: `rank.R.json`),
+    then trains the never-killed reference run of [stream-in-2-workers] (`reference`): one
+    launch for both."""
+    tmp = tmp_path_factory.mktemp("split")
+    script = tmp / "split.py"
     script.write_text(SPLIT)
-    files = write_jsonl(tmp_path / "jsonl")
-    command = [*torchrun(), str(script), str(files), str(tmp_path)]
-    run(command)
-    ranks = [json.loads((tmp_path / f"rank.{r}.json").read_text()) for r in (0, 1)]
+    files = write_jsonl(tmp / "jsonl")
+    reference = ["train", str(write_config(tmp, *REFERENCE)), "--out", str(tmp / "reference")]
+    run([*torchrun(), str(script), str(files), str(tmp), *reference])
+    return tmp
+
+
+def test_the_ranks_share_a_pass_of_a_stream_without_a_sample_in_common(split):
+    ranks = [json.loads((split / f"rank.{r}.json").read_text()) for r in (0, 1)]
 
     # Samples 0..95, split among 2 ranks x 2 workers: each read once, none left out.
     first, second = ({*r["stream"]} for r in ranks)
