@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from distributed.ranks_by_hand import run_ranks
 from distributed.test_distributed import (
     REPO,
     TESTS,
@@ -90,18 +91,16 @@ def write_config(folder: Path, *, effective: int | None = 64) -> Path:
 
 
 def train(config: Path, out: Path, *args: str, nprocs: int = 1) -> subprocess.CompletedProcess:
-    """`thrifty train` on `nprocs` processes: more than one launched by `--nprocs`, one trained
-    in this process (a process of its own costs more to start than its run here)."""
+    """`thrifty train` on `nprocs` processes: more than one started by hand (env:// rendezvous,
+    no launcher process), one trained in this process (a process of its own costs more to start
+    than its run here)."""
     argv = ["train", str(config), "--out", str(out), *args]
     if nprocs == 1:
         return train_here(argv)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     paths = [str(TESTS), str(TESTS / "distributed"), str(REPO / "src")]
     env.update(PYTHONPATH=os.pathsep.join(paths), OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "thrifty", *argv, "--nprocs", str(nprocs)]
-    return subprocess.run(
-        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT
-    )
+    return run_ranks([sys.executable, "-m", "thrifty", *argv], env, nprocs, REPO, TIMEOUT)
 
 
 def train_here(argv: list[str]) -> subprocess.CompletedProcess:

@@ -15,7 +15,6 @@ import datetime
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,12 +24,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from distributed.ranks_by_hand import rank_envs, run_ranks
 from distributed.test_distributed import (
     REPO,
     TIMEOUT,
     _steps_logged,
     child_env,
     newest_checkpoint,
+    ok,
 )
 from thrifty.config import DistributedConfig
 from thrifty.strategies.process_group import Distributed
@@ -79,44 +80,22 @@ data_args = {{ ms = 3.0 }}
 """
 
 
+def command(config: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "thrifty", "train", str(config), "--out", str(out)]
+
+
 def start_ranks(config: Path, out: Path, world: int) -> list[subprocess.Popen]:
     """`world` ranks of one job, started by hand as on `world` machines."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ranks = []
-    for rank in range(world):
-        env = child_env()
-        env.update(
-            RANK=str(rank),
-            LOCAL_RANK="0",
-            WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
+    return [
+        subprocess.Popen(
+            command(config, out),
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
-        command = [sys.executable, "-m", "thrifty", "train", str(config), "--out", str(out)]
-        ranks.append(
-            subprocess.Popen(
-                command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-            )
-        )
-    return ranks
-
-
-def run_ranks(config: Path, out: Path, world: int) -> str:
-    """Run the job again as it was started, by hand (no launcher process to start), and wait
-    for its ranks, bounded: each must end with 0. Returns rank 0's stderr."""
-    ranks = start_ranks(config, out, world)
-    try:
-        stderr = [r.communicate(timeout=TIMEOUT)[1].decode() for r in ranks]
-    finally:
-        for r in ranks:
-            if r.poll() is None:
-                r.kill()
-            r.wait()
-    for r, text in zip(ranks, stderr, strict=True):
-        assert r.returncode == 0, text[-3000:]
-    return stderr[0]
+        for env in rank_envs(child_env(), world)
+    ]
 
 
 def lose_a_rank(config: Path, out: Path, world: int, how: signal.Signals) -> list[tuple[int, str]]:
@@ -174,8 +153,9 @@ def test_a_rank_lost_mid_run_ends_the_job_resumably_and_the_rerun_finishes(
         assert code == 75, stderr[-3000:]
         assert prefix + said in stderr.splitlines(), stderr[-3000:]
         assert "Traceback" not in stderr
-    resumed = run_ranks(config, out, resume_on)
-    assert f"resumed from step {saved}" in resumed, resumed[-3000:]
+    # The job run again as it was started, by hand (no launcher process to start).
+    resumed = ok(run_ranks(command(config, out), child_env(), resume_on, REPO, TIMEOUT))
+    assert f"resumed from step {saved}" in resumed.stderr
     assert json.loads((out / "summary.json").read_text())["steps"] == STEPS
 
 
