@@ -450,75 +450,17 @@ def test_ranks_started_with_different_configs_are_refused_in_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-LEAVES = """
-import os
-import sys
-import time
-
-import torch.distributed as dist
-import torch.nn.functional as F
-
-import dist_task
-from thrifty import Trainer, TrainConfig
-
-
-def train(out):
-    config = TrainConfig.from_dict({
-        "run": {"max_steps": 2, "out": out, "progress": "off", "device": "cpu"},
-        "batch": {"micro": 8, "effective": 32},
-        "data": {"num_workers": 0},
-        "measure": {"system": False, "peak_tflops": 1.0},
-        "distributed": {"timeout": "30s"},
-    })
-    with Trainer(dist_task.Net(), dist_task.train_data(), config, loss_fn=lambda out, b: F.cross_entropy(out, b[1])) as trainer:
-        joined = dist.is_initialized() and trainer.dist.world_size == 2
-        held.append(dist.group.WORLD)  # as an error's frames can: the group outlives the Trainer
-        trainer.fit()
-    return joined
-
-
-held = []
-
-
-joined = train(sys.argv[1])
-print(f"rank {dist.get_rank() if dist.is_initialized() else '-'} joined {joined} left {not dist.is_initialized()}")
-# A second Trainer in the same job, rank 0 arriving late: rank 1 must not take rank 0's
-# address from the first group, still open, and wait there until the timeout.
-if os.environ["RANK"] == "0":
-    time.sleep(3)
-joined = train(sys.argv[1] + "-again")
-print(f"again joined {joined} left {not dist.is_initialized()}")
-"""
-
-
-def test_a_trainer_used_with_with_leaves_the_process_group_it_joined(tmp_path):
-    script = tmp_path / "leaves.py"
-    script.write_text(LEAVES)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    result = subprocess.run(
-        [*command, str(script), str(tmp_path / "run")],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    # Two ranks print to one pipe: count the reports, whatever their interleaving.
-    assert result.stdout.count("rank - joined True left True") == 2, result.stdout
-    assert result.stdout.count("rank - joined") == 2, result.stdout
-    assert result.stdout.count("again joined True left True") == 2, result.stdout
-
-
 OOM_ON_RANK_1 = """
 import json
 import os
 import sys
+import time
 
 import torch
+import torch.distributed as dist
 
 from thrifty import Trainer, TrainConfig
 
-STRATEGY = os.environ.get("OOM_STRATEGY", "ddp")
 RANK = os.environ.get("RANK", "0")  # no RANK: one process, without a process group
 WHERE, AFTER, STRIKES = "none", 0, False  # the case running now (see the loop below)
 
@@ -568,24 +510,35 @@ def loss_fn(out, batch):
 
 g = torch.Generator().manual_seed(1)
 data = torch.utils.data.TensorDataset(torch.randn(256, 6, generator=g), torch.randn(256, 1, generator=g))
-# A run a case, in turn, in the folder WHERE-EFFECTIVE: each case is a Trainer of its own,
+held = []
+# A run a case, in turn, in the folder named by the case: each case is a Trainer of its own,
 # joining the job's process group and leaving it, so one launch serves them all.
-for case in os.environ["OOM_CASES"].split(","):
-    WHERE, effective, after = case.split("-")
+for number, case in enumerate(os.environ["OOM_CASES"].split(",")):
+    WHERE, effective, after, strategy = (case + "-" + os.environ["OOM_STRATEGY"]).split("-")[:4]
     AFTER, Tight.calls = int(after), 0
     STRIKES = RANK == "1" and WHERE != "none"
-    out = os.path.join(sys.argv[1], f"{WHERE}-{effective}")
+    out = os.path.join(sys.argv[1], case)
     config = TrainConfig.from_dict({
-        "run": {"max_steps": 4, "out": out + "/run", "progress": "off", "device": "cpu"},
+        "run": {"max_steps": 4, "out": out + "/run", "progress": "off", "device": "cpu",
+                "log_every": 1},
         "precision": {"mode": "fp32"},
         "batch": {"micro": 8, "effective": int(effective)},
         "data": {"num_workers": 0},
         "measure": {"system": False, "peak_tflops": 1.0},
-        "distributed": {"timeout": "60s", "strategy": STRATEGY},
+        "distributed": {"timeout": "60s", "strategy": strategy},
     })
+    print(f"case {case}", file=sys.stderr, flush=True)
+    if number == 1 and os.environ.get("RANK") == "0":
+        # Rank 0 late to the second Trainer: rank 1 must not take rank 0's address from the
+        # first group, still open, and wait there until the timeout.
+        time.sleep(3)
     with Trainer(Tight(), data, config, loss_fn=loss_fn) as trainer:
+        joined = dist.is_initialized() and trainer.dist.world_size == 2
+        held.append(dist.group.WORLD)  # as an error's frames can: the group outlives the Trainer
         result = trainer.fit()
         weights = [p.detach().clone() for p in trainer.model.parameters()]
+    rank = dist.get_rank() if dist.is_initialized() else "-"
+    print(f"{case}: rank {rank} joined {joined} left {not dist.is_initialized()}", flush=True)
     # One file a rank: two processes printing long lines to one pipe can interleave them.
     with open(out + "/rank." + RANK, "w") as f:
         json.dump({"steps": result.steps, "micro": result.micro_batch,
@@ -596,8 +549,9 @@ for case in os.environ["OOM_CASES"].split(","):
 def launch_oom_cases(
     tmp_path: Path, cases: Sequence[str], strategy: str = "ddp", nprocs: int = 2
 ) -> subprocess.CompletedProcess[str]:
-    """The script's runs, one for each case WHERE-EFFECTIVE-AFTER in turn, on `nprocs` processes
-    (torchrun's) or 1; each writes under `tmp_path / "WHERE-EFFECTIVE"`."""
+    """The script's runs, one for each case WHERE-EFFECTIVE-AFTER[-STRATEGY] in turn, on
+    `nprocs` processes (torchrun's) or 1, with `strategy` where the case names none; each
+    writes under `tmp_path / CASE`."""
     script = tmp_path / "oom.py"
     script.write_text(OOM_ON_RANK_1)
     command = [sys.executable]
@@ -612,21 +566,21 @@ def launch_oom_cases(
     )
 
 
-def oom_ranks(folder: Path, where: str, effective: int, ranks: int = 2) -> list[dict]:
-    out = folder / f"{where}-{effective}"
-    return [json.loads((out / f"rank.{r}").read_text()) for r in range(ranks)]
+def oom_ranks(folder: Path, case: str, ranks: int = 2) -> list[dict]:
+    return [json.loads((folder / case / f"rank.{r}").read_text()) for r in range(ranks)]
 
 
 @pytest.fixture(scope="module")
-def untouched(tmp_path_factory) -> dict[int, list[dict]]:
-    """The weights of the runs that never run out of memory, by effective batch: one process,
-    on the same global batches (as test_ddp_trains_like_one_process_on_the_same_global_batch
-    shows ranks train like one process), the two runs in turn."""
+def untouched(tmp_path_factory) -> Path:
+    """The runs that never run out of memory, by effective batch, in cases none-16-0 and
+    none-32-0 of this folder: one process, on the same global batches (as
+    test_ddp_trains_like_one_process_on_the_same_global_batch shows ranks train like one
+    process), the two runs in turn."""
     folder = tmp_path_factory.mktemp("untouched")
     result = launch_oom_cases(folder, ["none-16-0", "none-32-0"], strategy="auto", nprocs=1)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "FutureWarning" not in result.stderr
-    return {e: oom_ranks(folder, "none", e, ranks=1) for e in (16, 32)}
+    return folder
 
 
 # Two micro-batches a window (forwards 1-2 are step 1's, 3-4 step 2's, ...).
@@ -637,14 +591,31 @@ REPLAYED = [
     ("forward", 16, 2),
     ("loss", 16, 2),  # DDP's forward returned (its all-reduce armed), no gradient yet
 ]
+# The cases of the one torchrun job of 2 processes the `replayed` fixture runs, in turn: a
+# launch costs more than the cases together. First one that never runs out of memory (DDP
+# without accumulation), then REPLAYED, then FSDP's, which ends the job.
+NO_ACCUMULATION = "none-16-0"
+DDP_CASES = [NO_ACCUMULATION, *(f"{w}-{e}-{a}" for w, e, a in REPLAYED)]
+FSDP_CASE = "forward-32-3-fsdp"
 
 
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """The cases of the default suite, each running out of memory on rank 1, in one torchrun
-    job of 2 processes: a launch costs more than the cases together."""
+    """DDP_CASES, then FSDP_CASE, in one torchrun job of 2 processes (strategy ddp where the
+    case names none). FSDP_CASE ends the job, not zero: every case before it has its ranks'
+    files once it finished on both."""
     folder = tmp_path_factory.mktemp("replayed")
-    return folder, launch_oom_cases(folder, [f"{w}-{e}-{a}" for w, e, a in REPLAYED])
+    return folder, launch_oom_cases(folder, [*DDP_CASES, FSDP_CASE])
+
+
+def finished_before_fsdp(folder: Path, result: subprocess.CompletedProcess[str]) -> None:
+    """The replayed job's DDP cases all ended on both ranks, without a warning of DDP's
+    arguments, and the job went on to its last case."""
+    for case in DDP_CASES:
+        assert all((folder / case / f"rank.{r}").exists() for r in (0, 1)), result.stderr[-3000:]
+    assert (folder / FSDP_CASE / "run").exists(), result.stderr[-3000:]
+    # DDP built with this torch's own arguments: no FutureWarning before FSDP's case began.
+    assert "FutureWarning" not in result.stderr.split(f"case {FSDP_CASE}")[0]
 
 
 @pytest.mark.parametrize(
@@ -659,28 +630,61 @@ def replayed(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess[str]]:
 def test_an_out_of_memory_error_on_one_rank_is_replayed_by_every_rank(
     request, tmp_path, untouched, where, effective, after
 ):
+    case = f"{where}-{effective}-{after}"
     if request.node.get_closest_marker("slow"):  # a launch of its own
-        folder, result = tmp_path, launch_oom_cases(tmp_path, [f"{where}-{effective}-{after}"])
+        folder, result = tmp_path, launch_oom_cases(tmp_path, [case])
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "FutureWarning" not in result.stderr  # DDP built with this torch's own arguments
     else:
         folder, result = request.getfixturevalue("replayed")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "FutureWarning" not in result.stderr  # DDP built with this torch's own arguments
-    ranks = oom_ranks(folder, where, effective)
+        finished_before_fsdp(folder, result)
+    ranks = oom_ranks(folder, case)
     assert all(r["steps"] == 4 and r["micro"] == 4 for r in ranks)  # both halved, none hung
     assert ranks[0]["w"] == ranks[1]["w"]  # and they still train one model
     # The same update as runs that never ran out of memory (halves: the sums' rounding).
-    expected = untouched[effective][0]
+    expected = oom_ranks(untouched, f"none-{effective}-0", ranks=1)[0]
     assert expected["micro"] == 8
     for got, want in zip(ranks[0]["w"], expected["w"], strict=True):
         assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
-    events = (folder / f"{where}-{effective}" / "run" / "metrics.jsonl").read_text()
+    events = (folder / case / "run" / "metrics.jsonl").read_text()
     assert '"event": "out_of_memory"' in events
 
 
+def test_ddp_without_accumulation_trains_like_one_process(replayed, untouched):
+    # One micro-batch of 8 a rank a step, its gradients synchronized every time: the losses
+    # and weights of one process on the same 16 samples a step.
+    folder, result = replayed
+    finished_before_fsdp(folder, result)
+    ranks = oom_ranks(folder, NO_ACCUMULATION)
+    assert all(r["steps"] == 4 and r["micro"] == 8 for r in ranks)
+    assert ranks[0]["w"] == ranks[1]["w"]
+    expected = oom_ranks(untouched, NO_ACCUMULATION, ranks=1)[0]
+    for got, want in zip(ranks[0]["w"], expected["w"], strict=True):
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+    la, lb = losses(folder / NO_ACCUMULATION / "run"), losses(untouched / NO_ACCUMULATION / "run")
+    assert sorted(la) == sorted(lb) == [1, 2, 3, 4]
+    for step in la:
+        assert la[step] == pytest.approx(lb[step], rel=1e-5, abs=1e-6), step
+
+
+def test_a_trainer_used_with_with_leaves_the_process_group_it_joined(replayed):
+    # Each case of the replayed job is a Trainer used with `with`, the group it joined held
+    # after it (as an error's frames can), rank 0 late to the second: each joined the job's
+    # group of 2 and left it, every rank, and the next one joined anew.
+    folder, result = replayed
+    finished_before_fsdp(folder, result)
+    for case in DDP_CASES:
+        # Two ranks print to one pipe: count the reports, whatever their interleaving.
+        assert result.stdout.count(f"{case}: rank - joined True left True") == 2, result.stdout
+        assert result.stdout.count(f"{case}: rank") == 2, result.stdout
+
+
 def test_an_out_of_memory_error_under_fsdp_ends_the_run_on_every_rank_saying_how_to_resume(
-    tmp_path,
+    replayed,
 ):
     # FSDP's collectives run inside forward and backward: no replay, an end without a hang.
-    result = launch_oom_cases(tmp_path, ["forward-32-3"], strategy="fsdp")
+    folder, result = replayed
+    finished_before_fsdp(folder, result)
     assert result.returncode != 0
     assert "resume with batch.micro halved and --allow-config-change" in result.stderr
+    assert not list((folder / FSDP_CASE).glob("rank.*"))  # no rank went past it
