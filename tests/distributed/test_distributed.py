@@ -413,10 +413,21 @@ def test_each_rank_refuses_a_global_batch_its_world_size_does_not_divide(tmp_pat
     assert str(raised.value) == f"batch.effective = 64 is invalid: {line}"
 
 
-def test_nccl_on_cpu_is_one_line(tmp_path):
+def test_nccl_on_cpu_is_one_line(tmp_path, monkeypatch, capsys):
+    # Every rank refuses the backend before it meets the others, and rank 0 says it: here rank
+    # 0 of a job of 2, in this process. That a job's ranks end in their one line, the launcher
+    # with its exit code: test_ranks_started_with_different_configs_are_refused_in_one_line and
+    # test_elastic's refused world sizes.
+    from thrifty import cli
+
+    torchrun_env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "1"}
+    for name, value in {**torchrun_env, "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)
     config = write_config(tmp_path, "nccl")
-    result = train(config, tmp_path / "run", "--set", "distributed.backend=nccl", nprocs=2)
-    line = one_error_line(result)
+    argv = ["train", str(config), "--out", str(tmp_path / "run")]
+    code = cli.main([*argv, "--set", "distributed.backend=nccl"])
+    captured = capsys.readouterr()
+    line = one_error_line(subprocess.CompletedProcess(argv, code, captured.out, captured.err))
     assert "distributed.backend = 'nccl'" in line and "use distributed.backend = gloo" in line
 
 
