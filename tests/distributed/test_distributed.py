@@ -71,13 +71,16 @@ data_args = {{ ms = {ms} }}
 
 
 STEPS = 24  # of the runs compared with one process and of the preempted ones
+# The samples a step of every run compared with one process: micro 16 × 6 accumulation steps in
+# one process, × 3 on each of 2 ranks, × 2 on each of 3 (an FSDP run resharded onto 3).
+EFFECTIVE = 96
 
 
 def write_config(tmp: Path, name: str, **values) -> Path:
     settings = {
         "steps": STEPS,
         "micro": 16,
-        "effective": 64,
+        "effective": EFFECTIVE,
         "every": '"off"',
         "strategy": "auto",
         "ms": 0.0,
@@ -105,6 +108,15 @@ def train(config: Path, out: Path, *args: str, nprocs: int = 1) -> subprocess.Co
     command = [sys.executable, "-m", "thrifty", "train", str(config), "--out", str(out), *args]
     if nprocs > 1:
         command += ["--nprocs", str(nprocs)]
+    return subprocess.run(
+        command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT
+    )
+
+
+def torchrun(config: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
+    """`thrifty train` on 2 processes started by torchrun rather than by --nprocs."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+    command += ["2", "-m", "thrifty", "train", str(config), "--out", str(out), *args]
     return subprocess.run(
         command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT
     )
@@ -175,86 +187,62 @@ def assert_same_training(a: Path, b: Path, *, exact: bool) -> None:
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory) -> Path:
-    """One process, micro 16 × 4 accumulation steps: the global batch of 64 every run shares."""
+    """One process, micro 16 × 6 accumulation steps: the global batch of 96 every run shares.
+    Trained in this process, which has torch loaded already: a process of its own would only
+    load it again."""
+    from thrifty import cli
+
     tmp = tmp_path_factory.mktemp("single")
     out = tmp / "run"
-    ok(train(write_config(tmp, "single"), out))
+    assert cli.main(["train", str(write_config(tmp, "single")), "--out", str(out)]) == 0
     return out
 
 
-# The runs test_sigterm_to_one_rank_checkpoints_every_rank_and_the_rerun_resumes_exactly
-# preempts, by strategy; a loader that takes 1 ms an item. ddp: micro 16 × 2 steps on 2 ranks.
-# fsdp: 96 samples a step (micro 16 × 3 steps on 2 ranks, micro 16 × 2 steps on 3), a checkpoint
-# at step 21 that test_fsdp_resumes_at_another_world_size_by_resharding resumes on 3.
+# The runs on 2 processes that test_sigterm_to_one_rank_checkpoints_every_rank_and_the_rerun_
+# resumes_exactly preempts, by strategy, with a loader that takes 1 ms an item; never stopped,
+# they are the `ddp` and `fsdp` fixtures, which the tests also compare with one process. ddp:
+# strategy "auto", micro 16 × 3 steps a rank. fsdp: activation checkpointing on every block as
+# well (ARGS), and a checkpoint at step 21 that the resumes of the resharded and the
+# new-optimizer tests start from.
 PREEMPTED = {
-    "ddp": {"strategy": "ddp", "ms": 1.0},
-    "fsdp": {"strategy": "fsdp", "effective": 96, "every": 21, "ms": 1.0},
+    "ddp": {"strategy": "auto", "ms": 1.0},
+    "fsdp": {"strategy": "fsdp", "every": 21, "ms": 1.0},
 }
-
-
-def uninterrupted(tmp_path_factory, strategy: str) -> tuple[Path, subprocess.CompletedProcess]:
-    """The PREEMPTED run of `strategy` on 2 processes, never stopped: its folder and result."""
-    tmp = tmp_path_factory.mktemp(strategy)
-    out = tmp / "run"
-    config = write_config(tmp, strategy, **PREEMPTED[strategy])
-    return out, ok(train(config, out, nprocs=2))
+ARGS = {"ddp": (), "fsdp": ("--set", "activation_checkpointing.policy=all")}
 
 
 @pytest.fixture(scope="module")
 def ddp(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    return uninterrupted(tmp_path_factory, "ddp")
+    """The PREEMPTED ddp run, started by `--nprocs 2`, never stopped: its folder and result."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    out = tmp / "run"
+    return out, ok(train(write_config(tmp, "ddp", **PREEMPTED["ddp"]), out, nprocs=2))
 
 
 @pytest.fixture(scope="module")
 def fsdp(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    return uninterrupted(tmp_path_factory, "fsdp")
+    """The PREEMPTED fsdp run, started by torchrun, never stopped: its folder and result."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    out = tmp / "run"
+    return out, ok(torchrun(write_config(tmp, "fsdp", **PREEMPTED["fsdp"]), out, *ARGS["fsdp"]))
 
 
-def test_ddp_trains_like_one_process_on_the_same_global_batch(single, ddp, tmp_path):
-    # micro 32 × 1 step on each of 2 ranks (strategy "auto"), and micro 16 × 2 steps (gradient
-    # sync on the last micro-batch only): both are the same 64 samples per step as the single
-    # process.
-    for micro in (32, 16):
-        if micro == 16:
-            out, result = ddp
-        else:
-            out = tmp_path / f"ddp-{micro}"
-            result = ok(train(write_config(tmp_path, f"ddp{micro}", micro=micro), out, nprocs=2))
-        assert "ddp over 2 processes" in result.stderr
-        summary = json.loads((out / "summary.json").read_text())
-        assert summary["world_size"] == 2 and summary["strategy"] == "ddp"
-        assert summary["effective_batch"] == 64 and summary["samples"] == STEPS * 64
-        assert summary["accumulation_steps"] == 64 // (2 * micro)
-        assert_same_training(single, out, exact=False)
-        assert not (out / "rank-1").exists() and "rank 1" not in result.stdout
+def test_ddp_trains_like_one_process_on_the_same_global_batch(single, ddp):
+    # micro 16 × 3 steps on each of 2 ranks, strategy "auto" (gradient sync on the last
+    # micro-batch only): the same 96 samples per step as the single process. One micro-batch a
+    # rank, synchronized every time: test_ddp_without_accumulation_trains_like_one_process.
+    out, result = ddp
+    assert "ddp over 2 processes" in result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["strategy"] == "ddp"
+    assert summary["effective_batch"] == EFFECTIVE and summary["samples"] == STEPS * EFFECTIVE
+    assert summary["accumulation_steps"] == 3
+    assert_same_training(single, out, exact=False)
+    assert not (out / "rank-1").exists() and "rank 1" not in result.stdout
 
 
-def test_fsdp_with_activation_checkpointing_trains_like_one_process_under_torchrun(
-    single, tmp_path
-):
-    config = write_config(tmp_path, "fsdp", strategy="fsdp")
-    out = tmp_path / "fsdp"
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "-m",
-        "thrifty",
-        "train",
-        str(config),
-        "--out",
-        str(out),
-        "--set",
-        "activation_checkpointing.policy=all",
-    ]
-    result = ok(
-        subprocess.run(
-            command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT
-        )
-    )
+def test_fsdp_with_activation_checkpointing_trains_like_one_process_under_torchrun(single, fsdp):
+    out, result = fsdp
     assert "fsdp over 2 processes" in result.stderr
     assert "activation checkpointing: 2 blocks" in result.stderr
     assert_same_training(single, out, exact=False)
@@ -283,10 +271,12 @@ def _steps_logged(run: Path) -> int:
         return 0
 
 
-def sigterm_after(config: Path, out: Path, steps: int, rank: int | None) -> tuple[int, str, str]:
+def sigterm_after(
+    config: Path, out: Path, steps: int, rank: int | None, *args: str
+) -> tuple[int, str, str]:
     """Train on 2 processes, SIGTERM `rank` (None: the launcher) once `steps` steps are logged,
     and wait, bounded, for the job to end. Returns its exit code, stdout and stderr."""
-    command = [sys.executable, "-m", "thrifty", "train", str(config), "--out", str(out)]
+    command = [sys.executable, "-m", "thrifty", "train", str(config), "--out", str(out), *args]
     launcher = subprocess.Popen(
         [*command, "--nprocs", "2"],
         cwd=REPO,
@@ -318,7 +308,7 @@ def test_sigterm_to_one_rank_checkpoints_every_rank_and_the_rerun_resumes_exactl
     reference = request.getfixturevalue(strategy)[0]  # that config's run, uninterrupted
 
     out = tmp_path / "preempted"
-    code, stdout, stderr = sigterm_after(config, out, 4, signalled_rank)
+    code, stdout, stderr = sigterm_after(config, out, 4, signalled_rank, *ARGS[strategy])
     assert code == 75, stdout[-2000:] + stderr[-2000:]
     stopped_at = _steps_logged(out)
     assert 4 <= stopped_at < steps
@@ -326,7 +316,7 @@ def test_sigterm_to_one_rank_checkpoints_every_rank_and_the_rerun_resumes_exactl
     assert not (out / "summary.json").exists()
     assert "preempted at step" in stdout
 
-    resumed = ok(train(config, out, nprocs=2))
+    resumed = ok(train(config, out, *ARGS[strategy], nprocs=2))
     assert f"resumed from step {stopped_at}" in resumed.stderr
     assert_same_training(reference, out, exact=True)
 
@@ -341,19 +331,24 @@ def test_sigterm_to_the_launcher_reaches_every_rank_and_ends_with_the_resumable_
     assert "saving an emergency checkpoint" in stderr and "Traceback" not in stderr
 
 
+def killed_before_its_last_save(run: Path, out: Path) -> Path:
+    """A copy of the finished `run` as a job killed after its last step, before that step's
+    checkpoint: its newest checkpoint is the one before (the fsdp run's, step 21's)."""
+    shutil.copytree(run, out)
+    (out / "summary.json").unlink()
+    shutil.rmtree(newest_checkpoint(out))
+    return out
+
+
 def test_fsdp_resumes_at_another_world_size_by_resharding(fsdp, tmp_path):
     # 96 samples per step: micro 16 × 3 steps on 2 ranks, then micro 16 × 2 steps on 3 ranks.
     config = write_config(tmp_path, "fsdp", **PREEMPTED["fsdp"])
     reference = fsdp[0]
-    # The run of 2 processes as a job killed after its last step, before that step's
-    # checkpoint: a copy whose newest checkpoint is step 21's, resumed by 3 processes for the
-    # last 3 steps. Each step logged again after the resume counts with its last loss.
-    out = tmp_path / "resharded"
-    shutil.copytree(reference, out)
-    (out / "summary.json").unlink()
-    shutil.rmtree(newest_checkpoint(out))
+    # The run of 2 processes, step 21's checkpoint resumed by 3 processes for the last 3 steps.
+    # Each step logged again after the resume counts with its last loss.
+    out = killed_before_its_last_save(reference, tmp_path / "resharded")
     assert newest_checkpoint(out).name == "step-00000021"
-    result = ok(train(config, out, nprocs=3))
+    result = ok(train(config, out, *ARGS["fsdp"], nprocs=3))
     assert "resumed from step 21" in result.stderr
     assert "resharding a checkpoint of 2 processes onto 3" in result.stderr
     # The same samples in the same steps: the losses agree to float tolerance.
@@ -361,6 +356,27 @@ def test_fsdp_resumes_at_another_world_size_by_resharding(fsdp, tmp_path):
     assert sorted(la) == sorted(lb) == list(range(1, STEPS + 1))
     for step in la:
         assert la[step] == pytest.approx(lb[step], rel=1e-5), step
+
+
+def test_an_fsdp_resume_with_another_optimizer_keeps_the_model_and_starts_the_optimizer_anew(
+    fsdp, tmp_path
+):
+    # Step 21's checkpoint of the fsdp run (dist_task's SGD with momentum) resumed with the
+    # built-in AdamW (`--allow-config-change`), whose state has other keys than the saved one:
+    # the model's shards are read back and the new optimizer starts from nothing, instead of
+    # the load failing on the saved optimizer's keys.
+    config = write_config(tmp_path, "fsdp", **PREEMPTED["fsdp"])
+    config.write_text(config.read_text().replace('optimizer = "dist_task:sgd"\n', ""))
+    reference = fsdp[0]
+    out = killed_before_its_last_save(reference, tmp_path / "run")
+    result = ok(train(config, out, *ARGS["fsdp"], "--allow-config-change", nprocs=2))
+    assert "resumed from step 21" in result.stderr
+    assert "task.optimizer 'dist_task:sgd' → " in result.stderr
+    resumed = losses(out)
+    assert sorted(resumed) == list(range(1, STEPS + 1))
+    # Step 22's loss is the model after step 21, before the new optimizer's first step: read
+    # back from the shards, it is the loss the first run had there.
+    assert resumed[22] == pytest.approx(losses(reference)[22], rel=1e-5)
 
 
 # --- bad input: one line from rank 0, every rank exits, none hangs ---------------------------
@@ -405,7 +421,7 @@ def test_each_rank_refuses_a_global_batch_its_world_size_does_not_divide(tmp_pat
     from thrifty.config import load_config
     from thrifty.data.batching import starting_accumulation
 
-    config = load_config(write_config(tmp_path, "bad", micro=micro))
+    config = load_config(write_config(tmp_path, "bad", micro=micro, effective=64))
     start = 16 if micro == "16" else 1  # with "auto", one sample until measured
     assert starting_accumulation(config.batch, 2, start) == 64 // (start * 2)
     with pytest.raises(ConfigError) as raised:
@@ -438,7 +454,7 @@ def test_ranks_started_with_different_configs_are_refused_in_one_line(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = write_config(tmp_path, "mismatch")
+    config = write_config(tmp_path, "mismatch", effective=64)  # 16 × 2 and 32 × 2 divide it
     procs = []
     for rank, micro in ((0, 16), (1, 32)):
         env = child_env()
