@@ -128,7 +128,12 @@ def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 
 
 def losses(run: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return losses_of(run / "metrics.jsonl")
+
+
+def losses_of(metrics: Path) -> dict[int, float]:
+    """The loss of each step in a metrics.jsonl (of a step logged twice, the last)."""
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
@@ -202,8 +207,8 @@ def single(tmp_path_factory) -> Path:
 # resumes_exactly preempts, by strategy, with a loader that takes 1 ms an item; never stopped,
 # they are the `ddp` and `fsdp` fixtures, which the tests also compare with one process. ddp:
 # strategy "auto", micro 16 × 3 steps a rank. fsdp: activation checkpointing on every block as
-# well (ARGS), and a checkpoint at step 21 that the resumes of the resharded and the
-# new-optimizer tests start from.
+# well (ARGS), and a checkpoint at step 21 that test_fsdp_resumes_at_another_world_size_by_
+# resharding resumes on 3.
 PREEMPTED = {
     "ddp": {"strategy": "auto", "ms": 1.0},
     "fsdp": {"strategy": "fsdp", "every": 21, "ms": 1.0},
@@ -358,27 +363,6 @@ def test_fsdp_resumes_at_another_world_size_by_resharding(fsdp, tmp_path):
         assert la[step] == pytest.approx(lb[step], rel=1e-5), step
 
 
-def test_an_fsdp_resume_with_another_optimizer_keeps_the_model_and_starts_the_optimizer_anew(
-    fsdp, tmp_path
-):
-    # Step 21's checkpoint of the fsdp run (dist_task's SGD with momentum) resumed with the
-    # built-in AdamW (`--allow-config-change`), whose state has other keys than the saved one:
-    # the model's shards are read back and the new optimizer starts from nothing, instead of
-    # the load failing on the saved optimizer's keys.
-    config = write_config(tmp_path, "fsdp", **PREEMPTED["fsdp"])
-    config.write_text(config.read_text().replace('optimizer = "dist_task:sgd"\n', ""))
-    reference = fsdp[0]
-    out = killed_before_its_last_save(reference, tmp_path / "run")
-    result = ok(train(config, out, *ARGS["fsdp"], "--allow-config-change", nprocs=2))
-    assert "resumed from step 21" in result.stderr
-    assert "task.optimizer 'dist_task:sgd' → " in result.stderr
-    resumed = losses(out)
-    assert sorted(resumed) == list(range(1, STEPS + 1))
-    # Step 22's loss is the model after step 21, before the new optimizer's first step: read
-    # back from the shards, it is the loss the first run had there.
-    assert resumed[22] == pytest.approx(losses(reference)[22], rel=1e-5)
-
-
 # --- bad input: one line from rank 0, every rank exits, none hangs ---------------------------
 
 
@@ -480,6 +464,7 @@ def test_ranks_started_with_different_configs_are_refused_in_one_line(tmp_path):
 OOM_ON_RANK_1 = """
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -537,10 +522,51 @@ def loss_fn(out, batch):
 
 g = torch.Generator().manual_seed(1)
 data = torch.utils.data.TensorDataset(torch.randn(256, 6, generator=g), torch.randn(256, 1, generator=g))
+
+
+def another_optimizer(out):
+    # FSDP, 4 steps of AdamW checkpointed at step 3; as if preempted after step 3's save (step
+    # 4's checkpoint and the summary gone), resumed with SGD and run.allow_config_change.
+    def config(max_steps, **optimizer):
+        return TrainConfig.from_dict({
+            "run": {"max_steps": max_steps, "out": out + "/run", "progress": "off",
+                    "device": "cpu", "log_every": 1, "allow_config_change": True},
+            "precision": {"mode": "fp32"},
+            "batch": {"micro": 8, "effective": 16},
+            "optimizer": {"lr": 0.01, **optimizer},
+            "schedule": {"decay": "constant"},
+            "checkpoint": {"every": 3},
+            "data": {"num_workers": 0},
+            "measure": {"system": False, "peak_tflops": 1.0},
+            "distributed": {"timeout": "60s", "strategy": "fsdp"},
+        })
+
+    with Trainer(Tight(), data, config(4), loss_fn=loss_fn) as trainer:
+        trainer.fit()
+    preempted = out + "/preempted"  # rank 0's word that step 4's checkpoint is gone
+    if RANK == "0":
+        shutil.copy(out + "/run/metrics.jsonl", out + "/first.jsonl")
+        shutil.rmtree(out + "/run/checkpoints/step-00000004")
+        os.remove(out + "/run/summary.json")
+        open(preempted, "w").close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(preempted):
+        assert time.monotonic() < deadline, "rank 0 never removed step 4's checkpoint"
+        time.sleep(0.05)
+    with Trainer(Tight(), data, config(6, name="sgd"), loss_fn=loss_fn) as trainer:
+        trainer.fit()
+
+
 held = []
-# A run a case, in turn, in the folder named by the case: each case is a Trainer of its own,
-# joining the job's process group and leaving it, so one launch serves them all.
+# A run a case, in turn, in the folder named by the case: each case is a Trainer of its own
+# (two for the optimizer change), joining the job's process group and leaving it, so one launch
+# serves them all.
 for number, case in enumerate(os.environ["OOM_CASES"].split(",")):
+    print(f"case {case}", file=sys.stderr, flush=True)
+    if case == "another-optimizer":
+        WHERE, STRIKES = "none", False
+        another_optimizer(os.path.join(sys.argv[1], case))
+        continue
     WHERE, effective, after, strategy = (case + "-" + os.environ["OOM_STRATEGY"]).split("-")[:4]
     AFTER, Tight.calls = int(after), 0
     STRIKES = RANK == "1" and WHERE != "none"
@@ -554,7 +580,6 @@ for number, case in enumerate(os.environ["OOM_CASES"].split(",")):
         "measure": {"system": False, "peak_tflops": 1.0},
         "distributed": {"timeout": "60s", "strategy": strategy},
     })
-    print(f"case {case}", file=sys.stderr, flush=True)
     if number == 1 and os.environ.get("RANK") == "0":
         # Rank 0 late to the second Trainer: rank 1 must not take rank 0's address from the
         # first group, still open, and wait there until the timeout.
@@ -576,9 +601,9 @@ for number, case in enumerate(os.environ["OOM_CASES"].split(",")):
 def launch_oom_cases(
     tmp_path: Path, cases: Sequence[str], strategy: str = "ddp", nprocs: int = 2
 ) -> subprocess.CompletedProcess[str]:
-    """The script's runs, one for each case WHERE-EFFECTIVE-AFTER[-STRATEGY] in turn, on
-    `nprocs` processes (torchrun's) or 1, with `strategy` where the case names none; each
-    writes under `tmp_path / CASE`."""
+    """The script's runs, one for each case WHERE-EFFECTIVE-AFTER[-STRATEGY] (or
+    "another-optimizer") in turn, on `nprocs` processes (torchrun's) or 1, with `strategy`
+    where the case names none; each writes under `tmp_path / CASE`."""
     script = tmp_path / "oom.py"
     script.write_text(OOM_ON_RANK_1)
     command = [sys.executable]
@@ -630,19 +655,21 @@ REPLAYED = [
 ]
 # The cases of the one torchrun job of 2 processes the `replayed` fixture runs, in turn: a
 # launch costs more than the cases together. First one that never runs out of memory (DDP
-# without accumulation), then REPLAYED, then FSDP's, which ends the job.
+# without accumulation), then REPLAYED, then an FSDP run resumed with another optimizer, then
+# FSDP's out of memory, which ends the job.
 NO_ACCUMULATION = "none-16-0"
 DDP_CASES = [NO_ACCUMULATION, *(f"{w}-{e}-{a}" for w, e, a in REPLAYED)]
+ANOTHER_OPTIMIZER = "another-optimizer"
 FSDP_CASE = "forward-32-3-fsdp"
 
 
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """DDP_CASES, then FSDP_CASE, in one torchrun job of 2 processes (strategy ddp where the
-    case names none). FSDP_CASE ends the job, not zero: every case before it has its ranks'
-    files once it finished on both."""
+    """DDP_CASES, ANOTHER_OPTIMIZER, then FSDP_CASE, in one torchrun job of 2 processes
+    (strategy ddp where the case names none). FSDP_CASE ends the job, not zero: every DDP case
+    before it has its ranks' files once it finished on both."""
     folder = tmp_path_factory.mktemp("replayed")
-    return folder, launch_oom_cases(folder, [*DDP_CASES, FSDP_CASE])
+    return folder, launch_oom_cases(folder, [*DDP_CASES, ANOTHER_OPTIMIZER, FSDP_CASE])
 
 
 def finished_before_fsdp(folder: Path, result: subprocess.CompletedProcess[str]) -> None:
@@ -714,6 +741,26 @@ def test_a_trainer_used_with_with_leaves_the_process_group_it_joined(replayed):
         # Two ranks print to one pipe: count the reports, whatever their interleaving.
         assert result.stdout.count(f"{case}: rank - joined True left True") == 2, result.stdout
         assert result.stdout.count(f"{case}: rank") == 2, result.stdout
+
+
+def test_an_fsdp_resume_with_another_optimizer_keeps_the_model_and_starts_the_optimizer_anew(
+    replayed,
+):
+    # The replayed job's ANOTHER_OPTIMIZER case: AdamW's state has other keys than SGD's, yet
+    # the model's shards are read back and the new optimizer starts from nothing, instead of the
+    # load failing on the saved optimizer's keys.
+    folder, result = replayed
+    finished_before_fsdp(folder, result)
+    err = result.stderr
+    case = err[err.index(f"case {ANOTHER_OPTIMIZER}") : err.index(f"case {FSDP_CASE}")]
+    assert "resumed from step 3" in case
+    assert "optimizer.name 'adamw' → 'sgd'" in case
+    first = losses_of(folder / ANOTHER_OPTIMIZER / "first.jsonl")
+    resumed = losses_of(folder / ANOTHER_OPTIMIZER / "run" / "metrics.jsonl")
+    assert sorted(first) == [1, 2, 3, 4] and sorted(resumed) == list(range(1, 7))
+    # Step 4's loss is the model after step 3, before the new optimizer's first step: read back
+    # from the shards, it is the loss the first run had there.
+    assert resumed[4] == pytest.approx(first[4], rel=1e-5)
 
 
 def test_an_out_of_memory_error_under_fsdp_ends_the_run_on_every_rank_saying_how_to_resume(
