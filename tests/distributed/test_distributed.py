@@ -721,6 +721,8 @@ def test_ddp_without_accumulation_trains_like_one_process(replayed, untouched):
     finished_before_fsdp(folder, result)
     ranks = oom_ranks(folder, NO_ACCUMULATION)
     assert all(r["steps"] == 4 and r["micro"] == 8 for r in ranks)
+    summary = json.loads((folder / NO_ACCUMULATION / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["accumulation_steps"] == 1
     assert ranks[0]["w"] == ranks[1]["w"]
     expected = oom_ranks(untouched, NO_ACCUMULATION, ranks=1)[0]
     for got, want in zip(ranks[0]["w"], expected["w"], strict=True):
