@@ -1,7 +1,6 @@
 """Text for tests that train the demo GPT: the demo's byte windows (inputs and next-byte
-targets) over bytes made here, so that neither the test nor its runs walk the standard
-library for the demo's text (about 1 s of CPU for each split, in every process that loads one).
-Imported by runs through PYTHONPATH=tests."""
+targets) over bytes made here from a seed, the same in every process, rather than read from
+the standard library's files. Imported by runs through PYTHONPATH=tests."""
 
 from __future__ import annotations
 
