@@ -334,9 +334,11 @@ class Stuck(torch.utils.data.Dataset):
         return torch.tensor([i])
 
 
-def test_a_worker_that_cannot_stop_is_killed_when_its_iterator_goes(tmp_path):
+def test_a_worker_that_cannot_stop_is_killed_when_its_iterator_goes(tmp_path, monkeypatch):
     import gc
 
+    # torch's waits for a worker at shutdown, 5 s each by default: the same steps, sooner.
+    monkeypatch.setattr(torch.utils.data._utils, "MP_STATUS_CHECK_INTERVAL", 0.5)
     loader = build_loader(Stuck(), EpochSampler(64, shuffle=False), LoaderSettings(4, 1))
     batches = iter(loader)
     next(batches)
