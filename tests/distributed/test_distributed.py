@@ -433,22 +433,11 @@ def test_nccl_on_cpu_is_one_line(tmp_path, monkeypatch, capsys):
 
 def test_ranks_started_with_different_configs_are_refused_in_one_line(tmp_path):
     """Two ranks of one job started by hand (as on two nodes) with different --set."""
-    import socket
+    from distributed.ranks_by_hand import rank_envs
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     config = write_config(tmp_path, "mismatch", effective=64)  # 16 × 2 and 32 × 2 divide it
     procs = []
-    for rank, micro in ((0, 16), (1, 32)):
-        env = child_env()
-        env.update(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE="2",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-        )
+    for env, micro in zip(rank_envs(child_env(), 2), (16, 32), strict=True):
         command = [sys.executable, "-m", "thrifty", "train", str(config)]
         command += ["--out", str(tmp_path / "run"), "--set", f"batch.micro={micro}"]
         procs.append(
