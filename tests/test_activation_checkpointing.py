@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -8,9 +10,11 @@ from thrifty.demo import DEMO_CONFIG, build_model
 from thrifty.levers.activation_checkpointing import (
     apply_activation_checkpointing,
     find_repeated_blocks,
+    micro_that_fits,
     parse_policy,
     remove_activation_checkpointing,
 )
+from thrifty.measure.flops import count_flops
 
 
 def saved_bytes(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
@@ -241,3 +245,102 @@ def test_blocks_that_hold_the_same_keep_their_alternate_positions():
     model = tiny_gpt()
     held = dict.fromkeys(find_repeated_blocks(model), 1000)
     assert apply_activation_checkpointing(model, "every_other", held) == ["blocks.0", "blocks.2"]
+
+
+# --------------------------------------------------------------------------------------------
+# The micro-batch a heavier policy would fit, predicted from a run's measured memory
+
+
+def test_the_micro_batch_a_heavier_policy_fits_is_predicted_from_the_memory_measured():
+    # A step's memory: 64 MiB that does not grow with the batch (weights, optimizer) and the
+    # activations saved for backward, counted for real on the demo model.
+    torch.manual_seed(0)
+    model = build_model(**DEMO_CONFIG["task"]["model_args"])
+    blocks = {name: model.get_submodule(name) for name in find_repeated_blocks(model)}
+    batch = demo_batch(4)
+    count = count_flops(lambda: model(**batch).backward(), blocks)
+    fixed = 64 * 2**20
+    need = {m: fixed + activation_bytes(model, demo_batch(m)) for m in (2, 4)}
+    limit = fixed + 1.5 * (need[4] - fixed)  # 4 fits without checkpointing, 8 does not
+    tried = [{"micro": 1, "fits": True, "peak_bytes": None}]  # a size without a peak: left out
+    tried += [{"micro": m, "fits": True, "peak_bytes": need[m]} for m in (2, 4)]
+    tried.append({"micro": 8, "fits": False, "peak_bytes": None})
+
+    fits = micro_that_fits(tried, limit, count.block_bytes, count.input_bytes, 4, "off")
+    assert fits["all"] > fits["every_other"] > 6
+    # Measured with each policy on: the size predicted fits, within 3%; a tenth more does not.
+    for policy in ("every_other", "all"):
+        apply_activation_checkpointing(model, policy, count.block_bytes)
+        sizes = (fits[policy], math.ceil(fits[policy] * 1.1))
+        at = {m: fixed + activation_bytes(model, demo_batch(m)) for m in sizes}
+        remove_activation_checkpointing(model)
+        print(f"{policy}: predicted {fits[policy]}; needs at it and a tenth more", at, limit)
+        assert 0.97 < at[sizes[0]] / limit <= 1.0, policy
+        assert at[sizes[1]] > limit, policy
+
+
+def activation_bytes(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
+    """Bytes autograd keeps for backward during one forward, each storage once, the weights
+    (held anyway) left out."""
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        base = t._base if t._base is not None else t
+        if not (base.is_leaf and base.requires_grad):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(**batch).backward()
+    return sum(storages.values())
+
+
+def test_a_prediction_needs_two_measured_sizes_and_a_named_policy():
+    held, inputs = {"b.0": 800, "b.1": 800}, {"b.0": 100, "b.1": 100}
+    two = [
+        {"micro": 1, "fits": True, "peak_bytes": 1000},
+        {"micro": 2, "fits": True, "peak_bytes": 2000},
+    ]
+    # 1000 B a sample; at micro 2 a block frees 800 - 100 B: "all" 700 B a sample (300 kept),
+    # every_other 350 (650 kept).
+    fits = micro_that_fits(two, 10_000, held, inputs, 2, "off")
+    assert fits == {"all": 10_000 // 300, "every_other": 10_000 // 650}
+    # Under every_other already, only "all" frees more: the other block's 350 B a sample.
+    assert micro_that_fits(two, 10_000, held, inputs, 2, "every_other") == {"all": 10_000 // 650}
+    assert micro_that_fits(two[:1], 10_000, held, inputs, 2, "off") == {}  # no slope
+    assert micro_that_fits(two, 10_000, held, inputs, 2, "['b.0']") == {}  # patterns: unknown
+    cuda_none = [{**t, "peak_bytes": None} for t in two]  # a CPU run: no peaks measured
+    assert micro_that_fits(cuda_none, 10_000, held, inputs, 2, "off") == {}
+
+
+def test_a_gpu_runs_summary_carries_the_prediction_for_the_tune(monkeypatch):
+    from types import SimpleNamespace
+
+    from thrifty import TrainConfig
+    from thrifty.measure.flops import FlopCount
+    from thrifty.reporting.summary import checkpointing_fits
+
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=11_000)
+    )
+    search = {
+        "chosen": 2,
+        "margin": 0.1,  # 9,900 B usable
+        "tried": [
+            {"micro": 1, "fits": True, "peak_bytes": 1000},
+            {"micro": 2, "fits": True, "peak_bytes": 2000},
+            {"micro": 4, "fits": False, "peak_bytes": 4100},
+        ],
+    }
+    count = FlopCount(1.0, 1, 2000, {"b.0": 800, "b.1": 800}, {"b.0": 100, "b.1": 100})
+    facts = SimpleNamespace(
+        device=torch.device("cuda", 0),
+        micro_search=search,
+        flops=count,
+        micro=2,
+        config=TrainConfig.from_dict({"run": {"max_steps": 1}}),
+    )
+    assert checkpointing_fits(facts) == {"all": 9900 // 300, "every_other": 9900 // 650}
+    assert (
+        checkpointing_fits(SimpleNamespace(**{**vars(facts), "device": torch.device("cpu")})) == {}
+    )

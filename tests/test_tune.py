@@ -133,12 +133,22 @@ def children_import_tests(monkeypatch: pytest.MonkeyPatch) -> None:
 class FakeTrials:
     """Trials that each take `seconds` on a fake clock. `rate(setting)` gives samples per
     second (tokens too, at 32 per sample); `fail(setting)` an error line, or None; `fits` the
-    largest micro-batch per checkpointing policy that an "auto" trial finds; `took(setting)`
-    its seconds, when they differ."""
+    largest micro-batch per checkpointing policy that an "auto" trial finds; `room` what an
+    "auto" trial predicts each heavier policy would fit, as on a GPU (`micro_that_fits`);
+    `took(setting)` its seconds, when they differ."""
 
     def __init__(
-        self, rate=None, fail=None, seconds=10.0, fits=None, effective=16, took=None, code=1
+        self,
+        rate=None,
+        fail=None,
+        seconds=10.0,
+        fits=None,
+        effective=16,
+        took=None,
+        code=1,
+        room=None,
     ):
+        self.room = room or {}
         self.code = code  # the exit code of a failing trial
         self.rate = rate or (lambda s: 100.0)
         self.fail = fail or (lambda s: None)
@@ -181,6 +191,14 @@ class FakeTrials:
             "num_workers": workers,
             "precision": "fp32" if s.precision == "auto" else s.precision,
         }
+        if s.micro == AUTO and micro < self.effective:  # what "auto" tried, as summary.json has it
+            sizes = [2**i for i in range(micro.bit_length())] + [2 * micro]
+            tried = [{"micro": m, "fits": m <= micro, "peak_bytes": None} for m in sizes]
+            summary["micro_batch_search"] = {"chosen": micro, "margin": 0.1, "tried": tried}
+            heavier = POLICIES[POLICIES.index(s.checkpointing) + 1 :]
+            summary["activation_checkpointing_fits"] = {
+                p: size for p, size in self.room.items() if p in heavier
+            }
         return from_summary(candidate, summary, took, run_dir, peak_rss=3 * 2**30)
 
 
@@ -301,6 +319,58 @@ def test_heavier_checkpointing_is_tried_when_it_makes_room_for_a_larger_micro_ba
     assert outcome.winner.resolved.checkpointing == "every_other"
     assert outcome.winner.micro_batch == 16
     assert [s.setting.checkpointing for s in outcome.skipped] == ["all"]
+
+
+def test_checkpointing_is_not_tried_where_the_memory_measured_leaves_no_room_to_gain():
+    # The config as given finds micro 32 without checkpointing, and 64 does not fit. By the
+    # memory it measured, every_other would fit 50 samples (not 64: its trial would find 32
+    # again) and all 80.
+    def tried(room):
+        fake = FakeTrials(
+            rate=faster(micro={64: 1.5}, checkpointing={"all": 0.8}),
+            fits={"off": 32, "every_other": 32, "all": 64},
+            effective=64,
+            room=room,
+        )
+        levers = ("micro", "checkpointing")
+        grid = Space(levers, (), POLICIES, (AUTO,), (), effective=64)
+        outcome = Search(grid, BASE.with_(micro=AUTO), fake, 1000.0, clock=fake.clock).run()
+        return [c.setting.checkpointing for c in fake.trials[1:]], outcome
+
+    policies, outcome = tried({"every_other": 50, "all": 80})
+    assert policies == ["all"]
+    (skipped,) = outcome.skipped
+    assert (skipped.setting.checkpointing, skipped.kind) == ("every_other", "pruned")
+    assert skipped.reason == (
+        "by the memory 00-baseline measured, checkpointing every_other fits about 50 samples, "
+        "not micro-batch 64: no larger micro-batch for its recompute"
+    )
+    assert (outcome.winner.resolved.checkpointing, outcome.winner.micro_batch) == ("all", 64)
+    # A prediction short of the size by less than its slack (60 * 1.1 > 64) is tried.
+    assert tried({"every_other": 60, "all": 80})[0] == ["every_other", "all"]
+
+
+def test_a_trial_reads_the_size_auto_found_too_large_and_the_room_predicted():
+    candidate = Candidate("01-micro", "micro", BASE.with_(micro=AUTO))
+    summary = {
+        "step_seconds": 0.5,
+        "micro_batch": 128,
+        "micro_batch_search": {
+            "chosen": 128,
+            "margin": 0.1,
+            "tried": [
+                {"micro": 64, "fits": True, "peak_bytes": 6e10},
+                {"micro": 128, "fits": True, "peak_bytes": 1.1e11},
+                {"micro": 256, "fits": False, "peak_bytes": 1.3e11},
+            ],
+        },
+        "activation_checkpointing_fits": {"every_other": 150, "all": 190},
+    }
+    trial = from_summary(candidate, summary, 40.0, Path("t"), None)
+    assert (trial.next_micro, trial.checkpointing_fits) == (256, {"every_other": 150, "all": 190})
+    # tune.json keeps them: a resumed tune prunes as the first one did.
+    again = type(trial).from_dict(json.loads(json.dumps(trial.to_dict())))
+    assert (again.next_micro, again.checkpointing_fits) == (256, {"every_other": 150, "all": 190})
 
 
 def test_given_micro_batch_sizes_are_tried_largest_first_until_one_fits():

@@ -69,14 +69,57 @@ def every_nth(blocks: Sequence[str], nth: int, held: Mapping[str, int] | None) -
     return [name for i, name in enumerate(blocks) if i in chosen]
 
 
-def policy_savings(blocks: Sequence[str], held: Mapping[str, int]) -> dict[str, int]:
+def policy_savings(
+    blocks: Sequence[str], held: Mapping[str, int], inputs: Mapping[str, int] | None = None
+) -> dict[str, int]:
     """The activation bytes each nth-policy frees (all, every_other, every_nth:3, ...), as
-    measured: what the blocks it recomputes hold."""
+    measured: what the blocks it recomputes hold, less (given `inputs`, the bytes each block is
+    called with) the input each of them keeps to recompute from."""
+    kept = inputs or {}
     savings = {}
     for nth, policy in ((1, "all"), (2, "every_other"), (3, "every_nth:3"), (4, "every_nth:4")):
         if nth <= len(blocks):
-            savings[policy] = sum(held.get(name, 0) for name in every_nth(blocks, nth, held))
+            chosen = every_nth(blocks, nth, held)
+            savings[policy] = sum(max(0, held.get(n, 0) - kept.get(n, 0)) for n in chosen)
     return savings
+
+
+def micro_that_fits(
+    tried: Sequence[Mapping[str, Any]],
+    limit_bytes: float,
+    held: Mapping[str, int],
+    inputs: Mapping[str, int],
+    micro: int,
+    policy: str,
+) -> dict[str, int]:
+    """The largest micro-batch each policy that recomputes more than `policy` (the run's own)
+    would fit under `limit_bytes`, predicted from the run's measurements.
+
+    A step's peak grows by a fixed amount a sample: the slope between the two largest sizes
+    the micro-batch search found to fit (`tried`, as `MicroSearch.to_dict` writes it, with
+    their CUDA peaks). A policy takes from each sample what its blocks hold beyond what
+    `policy` already frees (`held`: the bytes each repeated block saves at `micro` samples,
+    less `inputs`, those it is called with, which a recomputed block keeps). The figure leans
+    to the optimistic: a block's recomputation in backward holds its activations again, one
+    block at a time. A policy left out has no prediction: not measured, nothing more freed,
+    or no bound on the size.
+    """
+    peaks = sorted(
+        (t["micro"], t["peak_bytes"]) for t in tried if t.get("fits") and t.get("peak_bytes")
+    )
+    savings = policy_savings(list(held), held, inputs)
+    own = 0 if policy == "off" else savings.get(policy)
+    if len(peaks) < 2 or micro < 1 or own is None:
+        return {}
+    (m1, p1), (m2, p2) = peaks[-2:]
+    per_sample = (p2 - p1) / (m2 - m1)
+    fixed = p2 - per_sample * m2
+    fits = {}
+    for name, freed in savings.items():
+        kept = per_sample - (freed - own) / micro
+        if freed > own and kept > 0:
+            fits[name] = max(0, math.floor((limit_bytes - fixed) / kept))
+    return fits
 
 
 def _checkpointed_forward(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -35,13 +35,16 @@ class FlopCount:
     and most launch a kernel on a GPU. `activation_bytes`: bytes of tensors saved for
     backward, parameters excluded and shared storage counted once (0 when not measured).
     `block_bytes`: of those, the bytes saved while each block given to `count_flops` ran its
-    forward (what checkpointing that block would free), by the block's name.
+    forward (what checkpointing that block would free), by the block's name; `input_bytes`,
+    the bytes of the tensors each block was called with (what a checkpointed block still
+    keeps, to recompute from).
     """
 
     flops: float
     ops: int
     activation_bytes: int = 0
     block_bytes: dict[str, int] = field(default_factory=dict)
+    input_bytes: dict[str, int] = field(default_factory=dict)
 
     @property
     def flops_per_op(self) -> float:
@@ -78,6 +81,7 @@ class _SavedBytes:
     def __init__(self) -> None:
         self.storages: dict[int, int] = {}
         self.by_block: dict[str, dict[int, int]] = {}
+        self.inputs: dict[str, int] = {}  # bytes of the tensors each block was called with
         self.running: list[str] = []  # the blocks whose forward is running, outermost first
         self._boxes: list[list[torch.Tensor]] = []
 
@@ -117,7 +121,14 @@ class _SavedBytes:
         """Within: what is saved while a block of `blocks` runs its forward counts for it."""
 
         def enter(name: str) -> Callable[..., None]:
-            return lambda *_: self.running.append(name)
+            def hook(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+                self.running.append(name)
+                tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                self.inputs[name] = self.inputs.get(name, 0) + sum(
+                    t.numel() * t.element_size() for t in tensors
+                )
+
+            return hook
 
         def leave(name: str) -> Callable[..., None]:
             return lambda *_: self.running.remove(name)
@@ -185,7 +196,11 @@ def count_flops(
             raise torch.OutOfMemoryError(str(exc)) from exc
         raise
     return FlopCount(
-        float(flop_mode.get_total_flops()), counter.ops, saved.total, saved.block_totals()
+        float(flop_mode.get_total_flops()),
+        counter.ops,
+        saved.total,
+        saved.block_totals(),
+        saved.inputs,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from thrifty.config import TrainConfig
+from thrifty.levers.activation_checkpointing import micro_that_fits
 from thrifty.levers.precision import Precision
 from thrifty.measure import instruments
 from thrifty.measure.monitor import RunMonitor
@@ -133,7 +134,25 @@ def run_summary(facts: RunFacts, result: FitResult, monitor: RunMonitor) -> dict
     if choice is not None:
         measured = {str(k): v for k, v in choice.seconds_per_batch.items()}
         summary["num_workers_measured_seconds_per_batch"] = measured
+    fits = checkpointing_fits(facts)
+    if fits:
+        summary["activation_checkpointing_fits"] = fits
     return summary
+
+
+def checkpointing_fits(facts: RunFacts) -> dict[str, int]:
+    """On a GPU with batch.micro = "auto": the largest micro-batch each heavier checkpointing
+    policy would fit, by the run's measured memory (`micro_that_fits`); `thrifty tune` skips a
+    policy that cannot make room for a larger micro-batch than this run's."""
+    f, search = facts, facts.micro_search
+    if f.device.type != "cuda" or not search or f.flops is None:
+        return {}
+    limit = (1 - search["margin"]) * torch.cuda.get_device_properties(f.device).total_memory
+    policy = f.config.activation_checkpointing.policy
+    count = f.flops
+    return micro_that_fits(
+        search["tried"], limit, count.block_bytes, count.input_bytes, f.micro, str(policy)
+    )
 
 
 def publish(facts: RunFacts, run_dir: Path, finished: bool) -> None:

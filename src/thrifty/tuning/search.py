@@ -21,6 +21,9 @@ Pruned, because it cannot win:
   * a micro-batch no larger than one that already fits under the same or a lighter policy:
     no larger batch for as much recompute or more;
   * a micro-batch at least as large as one that ran out of memory under the same policy;
+  * a heavier checkpointing policy that, by the memory a lighter policy's trial measured on a
+    GPU, would not fit the micro-batch it needs to win (for "auto", the size after the lighter
+    trial's: `Trial.checkpointing_fits`, with ROOM_SLACK for the prediction's error);
   * any other compile mode once the default compile mode failed (not for the budget).
 Kept only where its loss holds: an fp8 trial (bf16 with float8 linears) may become the
 incumbent only when the mean training loss of its last steps is within 0.01 nats of the bf16
@@ -46,6 +49,11 @@ from thrifty.tuning.trials import Candidate, Runner, Trial
 
 STAGES = ("workers", "precision", "micro", "compile")
 MAX_AUTOTUNE_FACTOR = 2.0  # its autotuning compiles for longer than the default mode
+# A heavier checkpointing policy is tried unless the micro-batch it needs is this much above
+# the size it is predicted to fit: on the demo model's activations, counted for real, the size
+# predicted needed 98-99.5% of the memory allowed (tests/test_activation_checkpointing.py); a
+# GPU's allocator and the recomputation's own memory in backward add their error.
+ROOM_SLACK = 1.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +335,9 @@ class Search:
                 )
             if t.failure == "oom" and same_policy and _no_smaller(r.micro, s.micro):
                 return f"micro-batch {r.micro} ran out of memory under this policy ({t.name})"
+            no_room = _no_room(t, s)
+            if no_room is not None:
+                return no_room
         return None
 
     def _estimate(self, s: Setting) -> float:
@@ -371,6 +382,23 @@ def _lighter(a: Any, b: Any) -> bool:
     """Policy `a` recomputes no more than `b` (custom policies compare with nothing)."""
     ra, rb = policy_rank(a), policy_rank(b)
     return ra is not None and rb is not None and ra <= rb
+
+
+def _no_room(t: Trial, s: Setting) -> str | None:
+    """Why `s`'s heavier policy cannot fit a larger micro-batch than `t` ran, by the memory `t`
+    measured (`Trial.checkpointing_fits`): the micro-batch it would need, `t`'s next size for
+    "auto", is above what that policy is predicted to fit. None when it may fit."""
+    r, policy = t.resolved, s.checkpointing
+    fits = (t.checkpointing_fits or {}).get(policy) if isinstance(policy, str) else None
+    target = t.next_micro if s.micro == AUTO else s.micro
+    if fits is None or not (t.ok and isinstance(r.micro, int) and isinstance(target, int)):
+        return None
+    if target <= r.micro or fits * ROOM_SLACK >= target:
+        return None
+    return (
+        f"by the memory {t.name} measured, checkpointing {policy} fits about {fits} "
+        f"samples, not micro-batch {target}: no larger micro-batch for its recompute"
+    )
 
 
 def _no_smaller(failed: int | str, candidate: int | str) -> bool:

@@ -73,7 +73,9 @@ class Trial:
     `peak_memory_bytes` comes from `peak_memory_source`: "cuda" (peak allocated) or "rss"
     (the process's peak resident set). `last_losses`: the training loss of the last steps
     (what the FP8 parity check compares). `micro_batch`, `num_workers` and `precision` are the
-    values the run used (an "auto" setting resolved).
+    values the run used (an "auto" setting resolved). With micro "auto", `next_micro` is the
+    size the run found too large, and on a GPU `checkpointing_fits` the largest micro-batch
+    each heavier checkpointing policy would fit, predicted from the run's measured memory.
     """
 
     name: str
@@ -97,6 +99,8 @@ class Trial:
     precision: str | None = None
     steps_completed: int | None = None
     last_losses: list[float] | None = None  # the training loss of its last steps, in order
+    next_micro: int | None = None  # the size "auto" found too large, the next after its own
+    checkpointing_fits: dict[str, int] | None = None  # a heavier policy's micro-batch, predicted
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Trial:
@@ -187,7 +191,15 @@ def from_summary(
         accumulation_steps=summary.get("accumulation_steps"),
         num_workers=summary.get("num_workers"),
         precision=summary.get("precision"),
+        next_micro=_too_large(summary.get("micro_batch_search")),
+        checkpointing_fits=summary.get("activation_checkpointing_fits") or None,
     )
+
+
+def _too_large(search: Any) -> int | None:
+    """The size a micro-batch search found not to fit (None: it found none)."""
+    tried = search.get("tried") if isinstance(search, Mapping) else None
+    return next((t["micro"] for t in tried or () if not t.get("fits")), None)
 
 
 def failed(
