@@ -11,6 +11,11 @@
 5. The system sampler reads the GPU through NVML (utilization, memory, power) and the run's MFU is
    measured against the catalog's peak for this GPU.
 6. DDP and FSDP over NCCL (one process under torchrun): a run trains and checkpoints.
+7. The micro-batch a heavier checkpointing policy would fit, as a run predicts it for
+   `thrifty tune` (`micro_that_fits`): from the peaks of the sizes that fit under a memory limit
+   and the activations each block holds, measured on the GPU; then each policy's real peak at the
+   size predicted and a tenth above it. tune skips a policy only when the size it needs is more
+   than a tenth above the prediction, so a tenth above must not fit.
 
     python benchmarks/cuda_checks.py [--device cuda]
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -32,8 +38,14 @@ import torch
 
 from thrifty.commands.chaos.compare import compare_runs
 from thrifty.demo import build_model
-from thrifty.levers.activation_checkpointing import apply_activation_checkpointing
+from thrifty.levers.activation_checkpointing import (
+    apply_activation_checkpointing,
+    find_repeated_blocks,
+    micro_that_fits,
+    remove_activation_checkpointing,
+)
 from thrifty.levers.precision import resolve_precision
+from thrifty.measure.flops import count_flops
 
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.toml"
 RESULTS: list[tuple[str, bool]] = []
@@ -129,6 +141,58 @@ def activation_checkpointing(device: str) -> None:
         f"peak above the weights {off_peak / 2**30:.2f} GiB off, {all_peak / 2**30:.2f} GiB with "
         f"every block checkpointed ({all_peak / off_peak:.0%}); gradients' relative difference "
         f"{recomputed:.1e} (two plain steps: {noise:.1e})",
+    )
+
+
+def checkpointing_room(device: str, width: int = 768, block: int = 1024) -> None:
+    torch.manual_seed(0)
+    model = build_model(n_layer=12, n_head=width // 64, n_embd=width, block_size=block)
+    model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device != "cpu")
+
+    def loss(micro: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(micro)
+        x = torch.randint(0, 256, (micro, block + 1), generator=g).to(device)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return model(input_ids=x[:, :-1], targets=x[:, 1:])
+
+    def peak(micro: int) -> int:
+        """A training step's peak allocation at `micro` samples, as the micro-batch search
+        measures it."""
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        loss(micro).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device)
+
+    peak(1)  # the optimizer's state: allocated by the first step, held by every later one
+    sizes = {m: peak(m) for m in (2, 4, 8)}
+    limit = (sizes[4] + sizes[8]) / 2  # 4 fits without checkpointing, 8 does not
+    tried = [{"micro": m, "fits": m <= 4, "peak_bytes": sizes[m]} for m in sizes]
+    blocks = {name: model.get_submodule(name) for name in find_repeated_blocks(model)}
+    count = count_flops(lambda: loss(4).backward(), blocks)
+    optimizer.zero_grad(set_to_none=True)
+    fits = micro_that_fits(tried, limit, count.block_bytes, count.input_bytes, 4, "off")
+    figures, ok = [], bool(fits)
+    for policy in ("every_other", "all"):
+        apply_activation_checkpointing(model, policy, count.block_bytes)
+        predicted = fits.get(policy, 0)
+        above = math.ceil(predicted * 1.1)
+        at, over = peak(predicted), peak(above)
+        remove_activation_checkpointing(model)
+        ok = ok and over > limit
+        figures.append(
+            f"{policy}: predicted {predicted}, its peak {at / limit:.1%} of the limit, "
+            f"{above}'s {over / limit:.1%}"
+        )
+    check(
+        "checkpointing room",
+        ok,
+        f"limit {limit / 2**30:.2f} GiB (4 fit without checkpointing, 8 do not); "
+        + "; ".join(figures),
     )
 
 
@@ -246,6 +310,7 @@ def main() -> int:
     checks: dict[str, Callable[..., None]] = {
         "precision": lambda tmp: precision_auto(args.device),
         "checkpointing": lambda tmp: activation_checkpointing(args.device),
+        "room": lambda tmp: checkpointing_room(args.device),
         "fp16": lambda tmp: fp16_scaler(args.device, tmp),
         "preemption": lambda tmp: preemption(args.device, tmp),
         "nvml": lambda tmp: nvml_and_mfu(args.device, tmp),
