@@ -598,7 +598,7 @@ def fp8_arm(job: Job, plain: Arm | None) -> Arm:
 
 
 def summary_of_tune(report: dict[str, Any]) -> dict[str, Any]:
-    keep = ("winner", "unit", "stop", "not_reached", "skipped")
+    keep = ("winner", "unit", "stopped_early", "pruned", "not_reached", "checks")
     out = {k: report.get(k) for k in keep}
     out["trials"] = [
         {k: t.get(k) for k in ("name", "setting", "status", "tokens_per_second", "error")}

@@ -77,4 +77,6 @@ def test_the_cpu_fallback_runs_every_arm_and_writes_the_table(bench, tmp_path, c
     assert arms["fp8"]["note"].startswith("not run: FP8 needs a CUDA GPU")
     tune = result["tune"]
     assert tune["winner"] and tune["trials"][0]["name"] == "00-baseline"
+    # What tune left out, and why, as its tune.json says it (lists, even when empty).
+    assert all(isinstance(tune[k], list) for k in ("pruned", "not_reached", "checks")), tune
     assert "vs plain" in done.out and "thrifty-as-plain" in done.out
