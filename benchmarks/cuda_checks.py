@@ -178,8 +178,12 @@ def checkpointing_room(device: str, width: int = 768, block: int = 1024) -> None
     fits = micro_that_fits(tried, limit, count.block_bytes, count.input_bytes, 4, "off")
     figures, ok = [], bool(fits)
     for policy in ("every_other", "all"):
-        apply_activation_checkpointing(model, policy, count.block_bytes)
         predicted = fits.get(policy, 0)
+        if predicted < 1:
+            ok = False
+            figures.append(f"{policy}: no prediction ({fits})")
+            continue
+        apply_activation_checkpointing(model, policy, count.block_bytes)
         above = math.ceil(predicted * 1.1)
         at, over = peak(predicted), peak(above)
         remove_activation_checkpointing(model)
