@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -29,6 +30,22 @@ def saved_bytes(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = model(**batch)
     loss.backward()
+    return sum(storages.values())
+
+
+def activation_bytes(step: Callable[[], object]) -> int:
+    """Bytes autograd keeps for backward during `step` (a forward and its backward), each
+    storage once, the weights (held anyway) and views of them left out."""
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        base = t._base if t._base is not None else t
+        if not (base.is_leaf and base.requires_grad):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
     return sum(storages.values())
 
 
@@ -177,19 +194,6 @@ def _images(n: int = 16) -> torch.utils.data.TensorDataset:
     )
 
 
-def _saved_by_forward(model: torch.nn.Module, x: torch.Tensor) -> int:
-    storages: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if not (t.is_leaf and t.requires_grad):
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x).sum().backward()
-    return sum(storages.values())
-
-
 def test_a_cnn_recomputes_the_blocks_that_hold_the_most_activation_memory(caplog, tmp_path):
     import logging
 
@@ -224,12 +228,12 @@ def test_a_cnn_recomputes_the_blocks_that_hold_the_most_activation_memory(caplog
     # with the most parameters (layer4.0), freed.
     x = _images(8).tensors[0]
     remove_activation_checkpointing(model)
-    plain = _saved_by_forward(model, x)
+    plain = activation_bytes(lambda: model(x).sum().backward())
     apply_activation_checkpointing(model, ["layer4.0"])
-    by_parameters = plain - _saved_by_forward(model, x)
+    by_parameters = plain - activation_bytes(lambda: model(x).sum().backward())
     remove_activation_checkpointing(model)
     apply_activation_checkpointing(model, "every_other", held)
-    by_memory = plain - _saved_by_forward(model, x)
+    by_memory = plain - activation_bytes(lambda: model(x).sum().backward())
     assert by_memory > 4 * by_parameters > 0
 
     (line,) = [
@@ -260,7 +264,11 @@ def test_the_micro_batch_a_heavier_policy_fits_is_predicted_from_the_memory_meas
     batch = demo_batch(4)
     count = count_flops(lambda: model(**batch).backward(), blocks)
     fixed = 64 * 2**20
-    need = {m: fixed + activation_bytes(model, demo_batch(m)) for m in (2, 4)}
+
+    def memory(micro: int) -> int:
+        return fixed + activation_bytes(lambda: model(**demo_batch(micro)).backward())
+
+    need = {m: memory(m) for m in (2, 4)}
     limit = fixed + 1.5 * (need[4] - fixed)  # 4 fits without checkpointing, 8 does not
     tried = [{"micro": 1, "fits": True, "peak_bytes": None}]  # a size without a peak: left out
     tried += [{"micro": m, "fits": True, "peak_bytes": need[m]} for m in (2, 4)]
@@ -272,27 +280,11 @@ def test_the_micro_batch_a_heavier_policy_fits_is_predicted_from_the_memory_meas
     for policy in ("every_other", "all"):
         apply_activation_checkpointing(model, policy, count.block_bytes)
         sizes = (fits[policy], math.ceil(fits[policy] * 1.1))
-        at = {m: fixed + activation_bytes(model, demo_batch(m)) for m in sizes}
+        at = {m: memory(m) for m in sizes}
         remove_activation_checkpointing(model)
         print(f"{policy}: predicted {fits[policy]}; needs at it and a tenth more", at, limit)
         assert 0.97 < at[sizes[0]] / limit <= 1.0, policy
         assert at[sizes[1]] > limit, policy
-
-
-def activation_bytes(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
-    """Bytes autograd keeps for backward during one forward, each storage once, the weights
-    (held anyway) left out."""
-    storages: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        base = t._base if t._base is not None else t
-        if not (base.is_leaf and base.requires_grad):
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(**batch).backward()
-    return sum(storages.values())
 
 
 def test_a_prediction_needs_two_measured_sizes_and_a_named_policy():

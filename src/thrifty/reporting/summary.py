@@ -144,14 +144,14 @@ def checkpointing_fits(facts: RunFacts) -> dict[str, int]:
     """On a GPU with batch.micro = "auto": the largest micro-batch each heavier checkpointing
     policy would fit, by the run's measured memory (`micro_that_fits`); `thrifty tune` skips a
     policy that cannot make room for a larger micro-batch than this run's."""
-    f, search = facts, facts.micro_search
-    if f.device.type != "cuda" or not search or f.flops is None:
+    search, count = facts.micro_search, facts.flops
+    if facts.device.type != "cuda" or not search or count is None:
         return {}
-    limit = (1 - search["margin"]) * torch.cuda.get_device_properties(f.device).total_memory
-    policy = f.config.activation_checkpointing.policy
-    count = f.flops
+    memory = torch.cuda.get_device_properties(facts.device).total_memory
+    policy = str(facts.config.activation_checkpointing.policy)
+    limit = (1 - search["margin"]) * memory
     return micro_that_fits(
-        search["tried"], limit, count.block_bytes, count.input_bytes, f.micro, str(policy)
+        search["tried"], limit, count.block_bytes, count.input_bytes, facts.micro, policy
     )
 
 
