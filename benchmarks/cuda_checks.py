@@ -16,6 +16,10 @@
    and the activations each block holds, measured on the GPU; then each policy's real peak at the
    size predicted and a tenth above it. tune skips a policy only when the size it needs is more
    than a tenth above the prediction, so a tenth above must not fit.
+8. A run's `peak_memory_bytes` is its training steps' peak, not its set-up's: `thrifty train` at
+   GPT-2-small width with every block checkpointed reports well under the peak of the same run
+   without (the FLOP count at start runs one eager step before checkpointing is applied; that
+   step's peak would otherwise be both runs' figure).
 
     python benchmarks/cuda_checks.py [--device cuda]
 """
@@ -302,6 +306,35 @@ def one_process_strategies(device: str, tmp: Path) -> None:
         )
 
 
+def steps_peak(device: str, tmp: Path, width: int = 768, block: int = 1024) -> None:
+    def peak(policy: str) -> float | None:
+        out = tmp / f"peak-{policy}"
+        shape = ["n_layer=12", f"n_head={width // 64}", f"n_embd={width}", f"block_size={block}"]
+        sets = [f"task.model_args.{w}" for w in shape] + [
+            f"task.data_args.block_size={block}",
+            "precision.mode=bf16",
+            "batch.micro=8",
+            "batch.effective=8",
+            "data.num_workers=0",
+            f"activation_checkpointing.policy={policy}",
+        ]
+        extra = [arg for value in sets for arg in ("--set", value)]
+        code, text = finish(thrifty(demo_args(out, device, 5, *extra)))
+        if code != 0:
+            raise RuntimeError(f"{policy}: exit {code}: {text[-600:]}")
+        return json.loads((out / "summary.json").read_text()).get("peak_memory_bytes")
+
+    off, every = peak("off"), peak("all")
+    check(
+        "the steps' peak memory",
+        off is not None and every is not None and every < 0.8 * off,
+        f"summary.json peak_memory_bytes {off / 2**30:.2f} GiB off, {every / 2**30:.2f} GiB with "
+        f"every block checkpointed ({every / off:.0%})"
+        if off and every
+        else f"no peak reported: {off}, {every}",
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -319,6 +352,7 @@ def main() -> int:
         "preemption": lambda tmp: preemption(args.device, tmp),
         "nvml": lambda tmp: nvml_and_mfu(args.device, tmp),
         "strategies": lambda tmp: one_process_strategies(args.device, tmp),
+        "peak": lambda tmp: steps_peak(args.device, tmp),
     }
     chosen = args.only.split(",") if args.only else list(checks)
     with tempfile.TemporaryDirectory() as tmp:

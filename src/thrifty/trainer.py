@@ -354,6 +354,10 @@ class Trainer:
             stops.check(self._agreed)  # one that came before the watcher took over
             stops.past_set_up = True
             self.dist.timeouts.begin(s.step)
+            if self.device.type == "cuda":
+                # peak_memory_bytes is the steps' peak: not the set-up's (the FLOP count's eager
+                # step before checkpointing and compile, the micro-batch search's probes).
+                torch.cuda.reset_peak_memory_stats(self.device)
             with maybe_trace(self.config.measure.trace, self.config.measure.trace_steps) as trace:
                 clock.step_start = time.perf_counter()
                 monitor.start()  # the first sync point: intervals are measured sync to sync
