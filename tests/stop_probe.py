@@ -9,6 +9,7 @@ is run again after the stop.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -57,6 +58,19 @@ def hold(marks: str, where: str, until_stop: bool = True) -> None:
         time.sleep(0.02)
 
 
+class Written(logging.Handler):
+    """The steps of the "checkpoint step N written" lines: logged once the manager counts the
+    save as written (after its manifest is on disk), which is what a stop's message reads."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.steps: set[int] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("checkpoint step %d written"):
+            self.steps.add(record.args[0])
+
+
 class Probe(nn.Module):
     """A tiny GPT that holds where `hold` says ("load": loading a checkpoint; "save": the first
     save after it sent itself `send`), and sends `send` to its own process on its
@@ -67,6 +81,8 @@ class Probe(nn.Module):
         self.inner = tiny_gpt(n_layer=1)
         self.marks, self.hold, self.send, self.send_at = marks, hold, send, send_at
         self.published = published
+        self.written = Written()  # the saves the run's manager says it wrote, by step
+        logging.getLogger("thrifty").addHandler(self.written)
         self.calls = 0
         self.sent = False
 
@@ -76,8 +92,7 @@ class Probe(nn.Module):
             if self.calls == self.send_at and first_time(self.marks, "sent"):
                 self.sent = True
                 if self.published:  # its checkpoint is on disk first, however busy the machine
-                    manifest = f"checkpoints/step-{self.published:08d}/manifest.json"
-                    wait_until((Path(self.marks).parent / "run" / manifest).exists)
+                    wait_until(lambda: self.published in self.written.steps)
                 os.kill(os.getpid(), signal.Signals[self.send])
         return self.inner(**batch)
 

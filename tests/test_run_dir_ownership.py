@@ -183,3 +183,19 @@ def test_a_save_never_writes_into_a_folder_named_like_it_that_holds_someone_else
             manager.save(step, {"w": torch.ones(2)})
     assert sorted(os.listdir(theirs)) == ["notes.txt"]
     assert (theirs / "notes.txt").read_text() == "mine"
+
+
+def test_retention_keeps_a_published_save_someone_put_a_file_into(tmp_path, caplog):
+    storage = LocalStorage(str(tmp_path))
+    for step in (1, 2, 5):
+        _publish(storage, step)
+    (tmp_path / step_dir(1) / "eval.txt").write_text("my evaluation of step 1")
+    published = {1: None, 2: None, 5: None}
+    with caplog.at_level("WARNING", logger="thrifty"):
+        purge(storage, published, keep={5}, orphans=[])
+        purge(storage, {1: None, 5: None}, keep={5}, orphans=[])  # the next save's: said once
+    assert (tmp_path / step_dir(1) / "eval.txt").read_text() == "my evaluation of step 1"
+    assert (tmp_path / step_dir(1) / "manifest.json").is_file()  # kept whole, still a save
+    assert not (tmp_path / step_dir(2)).exists()
+    said = [r.getMessage() for r in caplog.records if "eval.txt" in r.getMessage()]
+    assert len(said) == 1 and "which thrifty did not write" in said[0]

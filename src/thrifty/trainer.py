@@ -481,7 +481,10 @@ class Trainer:
             },
             timer.finish(),
         )
-        if len(monitor.pending) >= cfg.run.log_every or reason is not None:
+        # A step saved is written out with its checkpoint, before the save (written in the
+        # background) is published: a run killed after it resumes with that step's record.
+        saved = self.checkpointer.newest_step == s.step
+        if len(monitor.pending) >= cfg.run.log_every or reason is not None or saved:
             reason = StopReason.decide(self.watch.flush(monitor), reason)
         return reason
 

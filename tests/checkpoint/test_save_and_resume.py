@@ -245,6 +245,25 @@ def test_a_full_disk_gives_one_line_naming_the_directory_and_the_fix(
     assert not (tmp_path / "step-00000001" / "state.pt.tmp").exists()
 
 
+def test_a_failed_save_of_a_step_saved_before_keeps_the_published_copy(
+    tmp_path, make_state, monkeypatch
+):
+    """A resumed run saves the step it resumed from again (its final save): a full disk then
+    must not cost the checkpoint it resumed from."""
+    with CheckpointManager(str(tmp_path)) as manager:
+        manager.save(6, make_state(6))
+    monkeypatch.setattr(writing_module.torch, "save", _fail_with(errno.ENOSPC))
+    manager = CheckpointManager(str(tmp_path))
+    manager.save(6, make_state(7))
+    with pytest.raises(CheckpointError, match="no space left"):
+        manager.wait(timeout=30)
+    monkeypatch.undo()
+    info = manager.latest()
+    assert info is not None and info.step == 6
+    assert manager.load(info)["step"] == 6
+    assert sorted(os.listdir(tmp_path / "step-00000006")) == ["manifest.json", "state.pt"]
+
+
 def test_a_background_error_surfaces_on_the_next_save(tmp_path, make_state, monkeypatch):
     manager = CheckpointManager(str(tmp_path))
     monkeypatch.setattr(writing_module.torch, "save", _fail_with(errno.EACCES))

@@ -49,11 +49,12 @@ class CheckpointFinder:
     # folder -> what identified its files when this process last verified them (see _stamp)
     verified_files: dict[str, tuple[object, ...]] = field(default_factory=dict)
 
-    def has_checkpoints(self) -> bool:
-        """True when a checkpoint folder with a manifest is at the location or in local_dir,
-        whether or not it verifies (reads manifests only; no hashing, no download)."""
+    def has_checkpoints(self, *, local: bool = True) -> bool:
+        """True when a checkpoint folder with a manifest is at the location or (with `local`)
+        in local_dir, whether or not it verifies (reads manifests only; no hashing, no
+        download)."""
         with self.lock:
-            listings = [scan(self.local)]
+            listings = [scan(self.local)] if local or self.remote is None else []
             if self.remote is not None:
                 remote = self.remote
                 listings.append(self.retry.call(lambda: scan(remote), "list checkpoints"))

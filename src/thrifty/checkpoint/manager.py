@@ -279,10 +279,11 @@ class CheckpointManager:
 
     # --- resume (see finding.py) -------------------------------------------------------------
 
-    def has_checkpoints(self) -> bool:
-        """True when a checkpoint folder with a manifest is at the location or in local_dir,
-        whether or not it verifies (reads manifests only; no hashing, no download)."""
-        return self._finder.has_checkpoints()
+    def has_checkpoints(self, *, local: bool = True) -> bool:
+        """True when a checkpoint folder with a manifest is at the location or (with `local`,
+        for a URL) in local_dir, whether or not it verifies (reads manifests only; no hashing,
+        no download)."""
+        return self._finder.has_checkpoints(local=local)
 
     def latest(self, before: int | None = None) -> CheckpointInfo | None:
         """The newest checkpoint that verifies (below step `before` when given); None when there

@@ -3,6 +3,7 @@ deleting the others safely: only folders that hold nothing but what a save write
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -10,6 +11,9 @@ from typing import Any
 from thrifty.checkpoint.loading import STATE_FILE
 from thrifty.checkpoint.manifest import MANIFEST, step_dir
 from thrifty.checkpoint.storage import Storage
+
+log = logging.getLogger("thrifty")
+_KEPT: set[str] = set()  # folders kept for someone's file, each said once a process
 
 # What a save writes into its step folder (and the temporary names it writes them under).
 SAVE_NAMES = frozenset(
@@ -55,9 +59,10 @@ def purge(
 
     Only steps below the newest published one are touched, so a save in progress is never
     deleted. Folders whose manifest could not be read are not in `published` or `orphans` and
-    are never deleted; nor is a folder without a manifest that holds anything a save does not
-    write (it is not a killed save but someone's folder). `call(fn, what)` runs each deletion (e.g. with retries); deleted steps
-    are removed from `published`.
+    are never deleted; nor is a folder that holds anything a save does not write (a file put
+    into a save, or a folder without a manifest that is not a killed save but someone's): a
+    published one is kept whole, with a warning. `call(fn, what)` runs each deletion and
+    listing (e.g. with retries); deleted steps are removed from `published`.
     """
     newest = max(published, default=None)
     if newest is None:
@@ -65,6 +70,10 @@ def purge(
     for step in sorted(published):
         if step not in keep and step < newest:
             name = step_dir(step)
+            names = call(partial(storage.list, name), "purge")
+            if not holds_only_a_save(names):
+                _say_kept(storage, name, names)
+                continue
             call(partial(storage.delete, f"{name}/{MANIFEST}"), "purge")
             del published[step]
             call(partial(storage.delete, name), "purge")
@@ -72,3 +81,17 @@ def purge(
     for name in [step_dir(step) for step in orphans if step < newest]:
         if holds_only_a_save(call(partial(storage.list, name), "purge")):
             call(partial(storage.delete, name), "purge")
+
+
+def _say_kept(storage: Storage, name: str, names: list[str]) -> None:
+    where = f"{storage.uri.rstrip('/')}/{name}"
+    if where in _KEPT:
+        return
+    _KEPT.add(where)
+    foreign = ", ".join(n for n in names if n not in SAVE_NAMES)
+    log.warning(
+        "kept checkpoint %s past checkpoint.keep_last: it holds %s, which thrifty did not "
+        "write; move that away and thrifty deletes the checkpoint at its next save",
+        where,
+        foreign,
+    )

@@ -1,8 +1,9 @@
 """Writing one checkpoint folder on local disk: state file, then manifest, each made durable.
 
 A SIGKILL at any moment leaves either a folder with no manifest, which readers ignore, or a
-complete checkpoint. A failed write (a full disk) removes the half-written folder and says how
-much it needed.
+complete checkpoint. A failed write (a full disk) removes what it wrote and says how much it
+needed; a step saved again (a resumed run's final save of the step it resumed) keeps its
+published copy until the new state file is whole.
 """
 
 from __future__ import annotations
@@ -44,9 +45,8 @@ def write_checkpoint(
     name = step_dir(step)
     folder = local.path(name)
     tmp = os.path.join(folder, STATE_FILE + ".tmp")
+    existed = os.path.isdir(folder)
     try:
-        # Saving a step that exists: stop trusting the old copy before touching its files.
-        local.delete(f"{name}/{MANIFEST}")
         os.makedirs(folder, exist_ok=True)
         _save_file(state, tmp)
         # Hashing reads the fresh file back: the manifest describes what landed on disk.
@@ -54,6 +54,8 @@ def write_checkpoint(
         for rel in extra:
             path = os.path.join(folder, rel)
             entries.append(FileEntry(rel, os.path.getsize(path), sha256_file(path)))
+        # Saving a step that exists: stop trusting the old copy before its file is replaced.
+        local.delete(f"{name}/{MANIFEST}")
         os.replace(tmp, os.path.join(folder, STATE_FILE))
         fsync_dir(folder)
         thrifty_version, torch_version = _versions()
@@ -64,10 +66,14 @@ def write_checkpoint(
         fsync_dir(local.root)
         return manifest
     except OSError as exc:
-        # Unpublished (its manifest went first), so nothing readable is lost; a partial
-        # folder would hold on to the space a full disk lacks.
+        # A partial folder would hold on to the space a full disk lacks. A step saved before
+        # keeps its copy when the new one failed before replacing it; one whose manifest went
+        # is unpublished, so nothing readable is lost.
         with contextlib.suppress(OSError):
-            local.delete(name)
+            if existed and os.path.isfile(os.path.join(folder, MANIFEST)):
+                local.delete(f"{name}/{STATE_FILE}.tmp")
+            else:
+                local.delete(name)
         needs = nbytes(state) + sum(_size(os.path.join(folder, rel)) for rel in extra)
         raise local_error(exc, f"write checkpoint step {step}", folder, needs_bytes=needs) from exc
 

@@ -112,12 +112,14 @@ class _LocalLock:
         self.needs_renewal = False  # only the exclusive-create fallback is touched
         self.lost: str | None = None
         self._fd: int | None = None
+        self._created = False  # the directory was made for the lock: removed with it if empty
 
     def acquire(self) -> None:
         from thrifty.checkpoint.probe import check_not_blocked
 
         key = "checkpoint.location" if self.label.startswith("checkpoint") else "run.out"
         check_not_blocked(self.directory, key)  # a file in the way: say which, and the fix
+        self._created = not os.path.isdir(self.directory)
         try:
             os.makedirs(self.directory, exist_ok=True)
         except OSError as exc:
@@ -305,13 +307,18 @@ class _LocalLock:
         elif self.lost is None and self._is_mine(self._holder_on_disk()):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
+        if self._created:
+            with contextlib.suppress(OSError):  # not empty: a save is in it
+                os.rmdir(self.directory)
 
 
 # --- the lock ------------------------------------------------------------------------------------
 
 
 class RunLock:
-    """Exclusive use of a run directory and, when given, its checkpoint location.
+    """Exclusive use of a run directory and, when given, its checkpoint location and `saves`,
+    the local folder its saves are written to (a URL's staging folder, or the run directory's
+    checkpoints/ folder, which another run could name as its location).
 
     Use as a context manager, or call `acquire()` and `release()`. `acquire` raises
     `RunInUseError` naming the holder when another live process has either one; `run_dir_fix`
@@ -327,6 +334,7 @@ class RunLock:
         checkpoint_location: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         *,
+        saves: str | os.PathLike[str] | None = None,
         ttl_seconds: float = DEFAULT_TTL_SECONDS,
         settle_seconds: float = SETTLE_SECONDS,
         run_dir_fix: str = "use another --out",
@@ -336,6 +344,7 @@ class RunLock:
         self.run_dir = os.path.abspath(os.fspath(run_dir))
         self.checkpoint_location = checkpoint_location
         self.storage_options = storage_options
+        self.saves = os.path.abspath(os.path.expanduser(saves)) if saves is not None else None
         self.ttl_seconds = ttl_seconds
         self.settle_seconds = settle_seconds
         self.run_dir_fix = run_dir_fix
@@ -364,9 +373,18 @@ class RunLock:
     def _plan(self, holder: Holder) -> list[_Part]:
         parts: list[_Part] = [self._run_dir_part(holder)]
         location = self.checkpoint_location
-        if location is None:
-            return parts
-        if _URL.match(location):
+        remote = location is not None and _URL.match(location) is not None
+        folders: dict[str, str] = {}  # directory -> what it is, for the message
+        if location is not None and not remote:
+            folders[os.path.abspath(os.path.expanduser(location))] = "checkpoint location"
+        if self.saves is not None:
+            folders.setdefault(self.saves, "checkpoint folder")
+        key = "checkpoint.local_dir" if remote else "checkpoint.location"
+        for directory, what in folders.items():
+            if directory != self.run_dir:
+                label, fix = f"{what} {directory}", f"use another {key}"
+                parts.append(_LocalLock(directory, label, fix, holder, self.ttl_seconds))
+        if remote and location is not None:
             from thrifty.checkpoint.storage import open_storage, redact
             from thrifty.run.lease import Lease
 
@@ -378,17 +396,6 @@ class RunLock:
                     holder,
                     self.ttl_seconds,
                     self.settle_seconds,
-                )
-            )
-        elif os.path.abspath(os.path.expanduser(location)) != self.run_dir:
-            directory = os.path.abspath(os.path.expanduser(location))
-            parts.append(
-                _LocalLock(
-                    directory,
-                    f"checkpoint location {directory}",
-                    "use another checkpoint.location",
-                    holder,
-                    self.ttl_seconds,
                 )
             )
         return parts

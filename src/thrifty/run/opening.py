@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from thrifty.checkpoint import CheckpointInfo, CheckpointManager
+from thrifty.checkpoint.storage import is_remote, redact
 from thrifty.config import CheckpointConfig, TrainConfig, read_config_file
 from thrifty.errors import RunAlreadyFinished, ThriftyError
 from thrifty.measure.cost import LostWork, lost_work
@@ -32,7 +34,12 @@ from thrifty.run.config_changes import (
     write_run_config,
 )
 from thrifty.run.lock import RunLock
-from thrifty.run.ownership import check_run_dir, checkpoint_folder, remove_checkpoints
+from thrifty.run.ownership import (
+    check_run_dir,
+    checkpoint_folder,
+    has_saves,
+    remove_checkpoints,
+)
 from thrifty.run.saves import describe, make_manager, resume_point
 
 log = logging.getLogger("thrifty")
@@ -75,7 +82,8 @@ def claim_run_dir(config: TrainConfig, interface: str) -> Claimed:
     run_dir = run_dir_of(config)
     # Before anything is read or written there: one writer per run directory and location.
     fix = "use another --out" if interface == "cli" else "give another RunConfig(out=...)"
-    lock = RunLock(run_dir, c.location, c.storage_options, run_dir_fix=fix).acquire()
+    saves = checkpoint_folder(run_dir, c)  # named by no other run while this one writes there
+    lock = RunLock(run_dir, c.location, c.storage_options, saves=saves, run_dir_fix=fix).acquire()
     try:
         return _claim(config, interface, run_dir, lock)
     except BaseException:
@@ -93,24 +101,28 @@ def _claim(config: TrainConfig, interface: str, run_dir: Path, lock: RunLock) ->
         log.info("extending the finished run: %s", ", ".join(g.describe() for g in grew))
     manager = make_manager(c, run_dir)
     manager.probe()  # a read-only dir, a file, a missing bucket: fail before step 1
-    ref, why = (None, "overwrite") if r.overwrite else resume_point(c, manager)
-    if ref is None and not r.overwrite and manager.has_checkpoints():
-        raise ThriftyError(
-            f"{manager.location} holds checkpoints and checkpoint.resume = never: "
-            + choices(interface, "another", "start over")
-        )
-    if ref is None and r.overwrite:
-        remove_local_checkpoints(run_dir, c)
     restart = False
-    if ref is None and c.resume == "auto" and (run_dir / "metrics.jsonl").exists():
-        # An attempt that died before its first checkpoint: nothing to resume, nothing lost
-        # but those steps. Start over, and say so.
-        log.warning(
-            "%s holds an unfinished run with no checkpoint (it ended before its first save): "
-            "starting it over from step 0",
-            run_dir,
-        )
-        restart = True
+    if r.overwrite:
+        start_over(run_dir, c, manager, interface)
+        ref, why = None, "overwrite"
+    else:
+        ref, why = resume_point(c, manager)
+    if ref is None and not r.overwrite:
+        if manager.has_checkpoints():
+            raise ThriftyError(
+                f"{manager.location} holds checkpoints and checkpoint.resume = never: "
+                + choices(interface, "another", "start over")
+            )
+        if c.resume == "auto" and (run_dir / "metrics.jsonl").exists():
+            # An attempt that died before its first checkpoint: nothing to resume, nothing
+            # lost but those steps. Start over, and say so; not when it saved somewhere else.
+            refuse_saves_elsewhere(run_dir, c, interface)
+            log.warning(
+                "%s holds an unfinished run with no checkpoint (it ended before its first "
+                "save): starting it over from step 0",
+                run_dir,
+            )
+            restart = True
     run_dir = prepare_run_dir(run_dir, r.overwrite or restart, resuming=ref is not None)
     return Claimed(run_dir, lock, manager, ref, why, extending)
 
@@ -161,11 +173,68 @@ def _done_message(run_dir: Path, summary: dict[str, Any], interface: str) -> str
     )
 
 
-def remove_local_checkpoints(run_dir: Path, checkpoint: CheckpointConfig) -> None:
-    """--overwrite starts over: old checkpoints in the run directory must not be resumed later.
-    Only thrifty's saves are deleted (`check_run_dir` refused anything else)."""
-    if checkpoint.location is None:
-        remove_checkpoints(checkpoint_folder(run_dir, checkpoint))
+def start_over(
+    run_dir: Path, checkpoint: CheckpointConfig, manager: CheckpointManager, interface: str
+) -> None:
+    """--overwrite: the saves in the run's own checkpoints/ folder (where it saves, or stages
+    a URL's saves) are deleted, thrifty's only (`check_run_dir` refused anything else). Saves
+    at a place the user chose (checkpoint.location, checkpoint.local_dir) are never deleted:
+    the newest of them would outrank the new run's, so the run is refused while any are there.
+    Checked before anything is deleted."""
+    own = run_dir / "checkpoints"
+    staged_here = Path(manager.local_dir).resolve() == own.resolve()
+    if checkpoint.location is not None and manager.has_checkpoints(local=not staged_here):
+        staged = is_remote(checkpoint.location) and not staged_here
+        where = manager.location + (f" (or its local_dir {manager.local_dir})" if staged else "")
+        flag = "--overwrite" if interface == "cli" else "RunConfig(overwrite=True)"
+        raise ThriftyError(
+            f"checkpoint.location {where} holds checkpoints of an earlier run, which {flag} "
+            "does not delete and the new run would resume in place of its own: delete them, "
+            "or choose another checkpoint.location"
+        )
+    if checkpoint_folder(run_dir, checkpoint).resolve() == own.resolve():
+        remove_checkpoints(own)
+
+
+def refuse_saves_elsewhere(run_dir: Path, checkpoint: CheckpointConfig, interface: str) -> None:
+    """An unfinished run found no checkpoint where this one looks: refuse to start it over
+    when it saved elsewhere, in the run's own checkpoints/ folder (this run names another
+    location) or at the location its config.toml names. Nothing is lost silently; a URL there
+    is not listed (its credentials may be another's), so it is refused on its name alone."""
+    elsewhere = saves_elsewhere(run_dir, checkpoint)
+    if elsewhere is None:
+        return
+    again = "--overwrite" if interface == "cli" else "RunConfig(overwrite=True)"
+    raise ThriftyError(
+        f"run directory {run_dir} holds an unfinished run that saved its checkpoints to "
+        f"{elsewhere}, not to {checkpoint.location or run_dir / 'checkpoints'}: give "
+        f"checkpoint.location = {elsewhere!r} to resume it, or start it over with {again}"
+    )
+
+
+def saves_elsewhere(run_dir: Path, checkpoint: CheckpointConfig) -> str | None:
+    """Where the run in `run_dir` saved, when it is not where `checkpoint` looks; None when
+    nothing says it saved anywhere else."""
+    own = run_dir / "checkpoints"
+    if checkpoint_folder(run_dir, checkpoint).resolve() != own.resolve() and has_saves(own):
+        return str(own)
+    path = run_dir / "config.toml"
+    try:
+        before = read_config_file(path).get("checkpoint", {}).get("location")
+    except (OSError, ValueError, ThriftyError):
+        return None  # no config.toml of a run's: nothing says where it saved
+    if not isinstance(before, str) or same_place(before, checkpoint.location):
+        return None
+    return before if is_remote(before) or has_saves(Path(before)) else None
+
+
+def same_place(before: str, now: str | None) -> bool:
+    """Whether a location recorded in a run's config.toml (credentials removed) is `now`."""
+    if now is None:
+        return False
+    if is_remote(before) or is_remote(now):
+        return before.rstrip("/") == redact(now).rstrip("/")
+    return os.path.abspath(os.path.expanduser(before)) == os.path.abspath(os.path.expanduser(now))
 
 
 def record_opening(

@@ -57,7 +57,7 @@ def foreign_files(run_dir: Path, checkpoints: Path, *, emptied: bool) -> list[st
     files, the save folders in `checkpoints`, and with `emptied` (--overwrite on the run's own
     checkpoints/ folder) everything in that folder. Paths relative to `run_dir` where they are
     inside it; a folder ends in "/"."""
-    saves = _has_saves(checkpoints)
+    saves = has_saves(checkpoints)
     summary = is_own_json(run_dir / "summary.json", SUMMARY_KEY)
     metrics = run_dir / "metrics.jsonl"
     beside_a_run = metrics.is_file() or summary or saves
@@ -121,7 +121,7 @@ def remove_checkpoints(checkpoints: Path) -> None:
         checkpoints.rmdir()
 
 
-def _has_saves(checkpoints: Path) -> bool:
+def has_saves(checkpoints: Path) -> bool:
     """A folder named like a save holds a manifest: the run saved at least once."""
     return any(
         _SAVE.match(name) and (checkpoints / name / MANIFEST).is_file()
