@@ -83,6 +83,27 @@ def test_a_file_in_trials_is_named_with_its_folder(config, tmp_path, capsys):
     assert tree(out) == {"trials/keep.txt": MINE}
 
 
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]], ids=["resume", "overwrite"])
+def test_a_users_file_inside_a_trials_folder_is_refused_and_kept(
+    config, tmp_path, capsys, overwrite
+):
+    out = tmp_path / "tune"
+    earlier_tune(config, out)
+    baseline = out / "trials" / "00-baseline"
+    (baseline / "my_notes.txt").write_bytes(MINE)
+    (baseline / "mydata").mkdir()
+    (baseline / "mydata" / "file.csv").write_bytes(MINE)
+    (out / "trials" / "01-micro" / "checkpoints").mkdir()
+    (out / "trials" / "01-micro" / "checkpoints" / "best.pt").write_bytes(MINE)
+    before = tree(out)
+    line = one_line_error(capsys, ["tune", str(config), "--out", str(out), *overwrite])
+    assert line.startswith(
+        f"thrifty: error: --out {out} holds trials/00-baseline/my_notes.txt and 2 more, which "
+        "thrifty tune did not write"
+    )
+    assert tree(out) == before
+
+
 def test_an_unfinished_tune_of_another_search_is_not_replaced_without_overwrite(
     config, tmp_path, capsys
 ):

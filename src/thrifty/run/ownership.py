@@ -77,6 +77,24 @@ def foreign_files(run_dir: Path, checkpoints: Path, *, emptied: bool) -> list[st
     return found
 
 
+# What `thrifty train` writes in a run directory besides the files `foreign_files` checks: a
+# command's log of it (tune's and a sweep's trials), the damaged lines of metrics.jsonl set
+# aside, TensorBoard's folder, the run lock.
+_RUN_EXTRAS = frozenset({"train.log", "metrics.jsonl.damaged", "tensorboard", LOCK_FILE})
+_RUN_FILES = frozenset(
+    {"config.toml", "metrics.jsonl", "summary.json", "diagnosis.json", "report.html"}
+)
+
+
+def foreign_in_run(run_dir: Path) -> list[str]:
+    """What a run directory a command made for a run of its own (a tune's trial) holds that
+    `thrifty train` did not write, relative to it: the command deletes the folder whole only
+    when this is empty."""
+    known = _RUN_FILES | _RUN_EXTRAS | {"checkpoints"}
+    found = [n + ("/" if (run_dir / n).is_dir() else "") for n in _names(run_dir) if n not in known]
+    return found + foreign_files(run_dir, run_dir / "checkpoints", emptied=True)
+
+
 def check_run_dir(
     run_dir: Path, checkpoint: CheckpointConfig, *, overwrite: bool, interface: str
 ) -> None:

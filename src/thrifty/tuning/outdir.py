@@ -27,6 +27,7 @@ from typing import Any
 from thrifty.console import say
 from thrifty.errors import ThriftyError
 from thrifty.redact import redact_value
+from thrifty.run.ownership import foreign_in_run
 from thrifty.tuning.space import Space
 from thrifty.tuning.stopping import finished
 from thrifty.tuning.trials import Candidate, Trial
@@ -138,11 +139,11 @@ def foreign(out: Path) -> list[str]:
         elif entry.is_symlink() or entry.is_dir() != (entry.name == "trials"):
             found.append(entry.name)
         elif entry.name == "trials":
-            found += [
-                f"trials/{e.name}"
-                for e in sorted(entry.iterdir())
-                if e.is_symlink() or not e.is_dir() or not TRIAL_DIR.fullmatch(e.name)
-            ]
+            for e in sorted(entry.iterdir()):
+                if e.is_symlink() or not e.is_dir() or not TRIAL_DIR.fullmatch(e.name):
+                    found.append(f"trials/{e.name}")
+                else:  # a trial's folder is deleted whole: only what its run wrote
+                    found += [f"trials/{e.name}/{name}" for name in foreign_in_run(e)]
     return found
 
 
