@@ -285,3 +285,43 @@ def test_thrifty_runs_on_a_url_with_credentials_shows_no_secret(tmp_path, capsys
     err = capsys.readouterr().err
     assert err.startswith("thrifty: error: ") and len(err.strip().splitlines()) == 1
     assert "secretpart" not in err and "AKIAXXXX" not in err
+
+
+@pytest.mark.parametrize(
+    ("url", "secret"),
+    [
+        (f"s3://{AWS_KEY_ID}:{AWS_SECRET}@bucket/p", AWS_SECRET.split("/")[0]),
+        ("s3://myuser:hun/ter2@bucket/p", "hun"),
+    ],
+    ids=["aws-secret-with-slashes", "short-part-before-a-slash"],
+)
+def test_a_password_cut_at_its_slash_by_the_storage_library_is_still_masked(
+    tmp_path, capsys, monkeypatch, url, secret
+):
+    """s3fs takes `KEY:SEC` of s3://KEY:SEC/RET@bucket/p for the bucket (cut at the password's
+    first `/`): botocore's error quotes it with no `@` after it, so no pattern can know it is
+    a password; the location's own credentials are masked wherever the error quotes them."""
+    from thrifty.cli import main
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    monkeypatch.chdir(tmp_path)
+    assert main(["runs", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("thrifty: error: ") and len(err.strip().splitlines()) == 1
+    assert 'Invalid bucket name "<redacted>"' in err  # the error is still the library's
+    assert secret not in err and "myuser" not in err and AWS_KEY_ID not in err
+
+
+def test_checkpoint_storage_errors_mask_the_locations_own_password(monkeypatch):
+    from thrifty.checkpoint import CheckpointError
+    from thrifty.checkpoint.storage import FsspecStorage
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    storage = FsspecStorage(f"s3://{AWS_KEY_ID}:{AWS_SECRET}@bucket/p")
+    with pytest.raises(CheckpointError) as caught:
+        storage.read_bytes(".thrifty-lease.json")
+    said = str(caught.value)
+    assert "Invalid bucket name" in said
+    assert all(part not in said for part in (AWS_KEY_ID, *AWS_SECRET.split("/")))

@@ -164,6 +164,34 @@ def redact_text(text: str) -> str:
     return _redact_pairs(text)
 
 
+_URL_USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://(?P<info>[^\s'\"<>]*)@")
+_MIN_PIECE = 4  # shorter pieces of a password are not masked alone: they would hit any text
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """What of a URL's `user:password@` a library may quote apart from the URL, longest first:
+    the whole, the user, the password, each part of it between `/`, `:` or `@`, and the user
+    with the password up to each `/` (an error about the bucket name the library cut at a `/`
+    of the password quotes what came before it). Pieces under four characters are masked only
+    within a longer one. For `redact_known`."""
+    match = _URL_USERINFO.match(url)
+    if match is None:
+        return ()
+    info = match.group("info")
+    user, _, password = info.partition(":")
+    cuts = [password[: m.start()] for m in re.finditer("/", password)]  # a bucket name's ends
+    pieces = {info, user, password, *re.split(r"[/:@]", password), *cuts}
+    pieces |= {f"{user}:{cut}" for cut in cuts}
+    return tuple(sorted((p for p in pieces if len(p) >= _MIN_PIECE), key=len, reverse=True))
+
+
+def redact_known(text: str, secrets: tuple[str, ...]) -> str:
+    """`redact_text`, with each of `secrets` (`url_secrets`) masked wherever it appears."""
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return redact_text(text)
+
+
 # --------------------------------------------------------------------------------------------
 # Values
 

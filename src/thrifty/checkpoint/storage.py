@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from thrifty.checkpoint.errors import CheckpointError, TransientStorageError
 from thrifty.errors import MissingDependencyError
+from thrifty.redact import redact_known, url_secrets
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # Secrets may contain "/", so anything up to an "@" counts (over-redacting a path is harmless).
@@ -301,6 +302,7 @@ class FsspecStorage:
     def __init__(self, uri: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.uri = uri.rstrip("/")
         self.display = redact(self.uri)
+        self._secrets = url_secrets(self.uri)
         self.protocol = self.uri.split("://", 1)[0].lower()
         extra = _EXTRAS.get(self.protocol, "s3")
         try:
@@ -318,11 +320,13 @@ class FsspecStorage:
         except ImportError as exc:
             raise MissingDependencyError(
                 f"checkpoint location {self.display} needs the {self.protocol}:// filesystem "
-                f"({redact(str(exc)).splitlines()[0]}): pip install 'thrifty[{extra}]'"
+                f"({redact_known(str(exc), self._secrets).splitlines()[0]}): "
+                f"pip install 'thrifty[{extra}]'"
             ) from exc
         except ValueError as exc:
             raise CheckpointError(
-                f"cannot open checkpoint location {self.display}: {redact(str(exc))}: "
+                f"cannot open checkpoint location {self.display}: "
+                f"{redact_known(str(exc), self._secrets)}: "
                 "use a local path or an fsspec URL such as s3://bucket/run"
             ) from exc
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
@@ -345,9 +349,13 @@ class FsspecStorage:
         except FileNotFoundError as exc:
             if missing:
                 raise
-            raise storage_error(exc, action, self._where(rel), self.protocol) from exc
+            raise storage_error(
+                exc, action, self._where(rel), self.protocol, self._secrets
+            ) from exc
         except Exception as exc:
-            raise storage_error(exc, action, self._where(rel), self.protocol) from exc
+            raise storage_error(
+                exc, action, self._where(rel), self.protocol, self._secrets
+            ) from exc
 
     def list(self, rel: str = "") -> list[str]:
         path = self._path(rel)
@@ -424,12 +432,16 @@ def _credentials_fix(protocol: str) -> str:
     return "pass credentials in checkpoint.storage_options"
 
 
-def storage_error(exc: BaseException, action: str, where: str, protocol: str) -> CheckpointError:
-    """Classify an fsspec/cloud error into a one-line transient or permanent CheckpointError."""
+def storage_error(
+    exc: BaseException, action: str, where: str, protocol: str, secrets: tuple[str, ...] = ()
+) -> CheckpointError:
+    """Classify an fsspec/cloud error into a one-line transient or permanent CheckpointError.
+    `secrets`: the location's credentials (`url_secrets`), masked wherever the error quotes
+    them."""
     chain = list(_causes(exc))
     names = {cls.__name__ for e in chain for cls in type(e).__mro__}
     first = next((str(e) for e in chain if str(e)), type(exc).__name__)
-    reason = redact(" ".join(first.split()))[:200]
+    reason = redact_known(" ".join(first.split()), secrets)[:200]
     if names & _CREDENTIAL_ERRORS:
         return CheckpointError(
             f"no credentials for {where} ({reason}): {_credentials_fix(protocol)}"

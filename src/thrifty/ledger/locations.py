@@ -25,6 +25,7 @@ from typing import Any
 from thrifty.checkpoint.errors import CheckpointError
 from thrifty.checkpoint.manifest import MANIFEST
 from thrifty.checkpoint.storage import is_remote, redact, storage_error
+from thrifty.redact import url_secrets
 
 LEASE = ".thrifty-lease.json"  # thrifty.run.holder.LEASE_FILE
 _STEP = re.compile(r"^step-(\d{8,})$")
@@ -90,7 +91,7 @@ def find_locations(
 ) -> list[Location]:
     """Every location at or under `where` (with `search`; else `where` itself only)."""
     fs, root, display = _open(where, storage_options)
-    sizes = _sizes(fs, root, display)
+    sizes = _sizes(fs, root, display, url_secrets(where))
     groups: dict[str, dict[str, int]] = {}
     for key, size in sizes.items():
         parts = key.split("/")
@@ -146,15 +147,16 @@ class _LocalFiles:
             return f.read()
 
 
-def _sizes(fs: Any, root: str, display: str) -> dict[str, int]:
-    """Every object under `root` and its size, by path relative to it."""
+def _sizes(fs: Any, root: str, display: str, secrets: tuple[str, ...]) -> dict[str, int]:
+    """Every object under `root` and its size, by path relative to it (`secrets`: the URL's
+    credentials, masked wherever an error quotes them)."""
     try:
         fs.invalidate_cache(root)
         listing = fs.find(root, detail=True)
     except FileNotFoundError:
         return {}
     except Exception as exc:
-        raise storage_error(exc, "list", display, display.split("://")[0]) from exc
+        raise storage_error(exc, "list", display, display.split("://")[0], secrets) from exc
     sizes = {}
     for path, info in listing.items():
         if info.get("type") == "directory":
