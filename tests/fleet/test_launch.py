@@ -8,6 +8,7 @@ record their arguments. Nothing reaches a cloud or a cluster.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -184,6 +185,17 @@ def test_without_dry_run_the_task_is_written_and_submitted_with_sky_jobs_launch(
     argv = (bin_dir / "sky.argv").read_text().split()
     assert argv == ["jobs", "launch", "--yes", "-n", "thrifty-demo", "demo.sky.yaml"]
     assert out.index("Cost") < out.index("wrote demo.sky.yaml")
+
+
+def test_the_sbatch_command_to_paste_quotes_the_scripts_path(project, capsys, monkeypatch):
+    only_on_path(monkeypatch, project / "bin")
+    out_file = "j2 $(touch PWNED);x.sbatch"
+    code, out, _ = launch(capsys, "--gpus", "H100:8", "--engine", "slurm", "--out", out_file)
+    assert code == 0
+    command = out.split("submit it on the cluster with ", 1)[1].splitlines()[0]
+    assert shlex.split(command) == ["sbatch", out_file]  # pasted, it runs nothing else
+    subprocess.run(["bash", "-c", command.replace("sbatch", "true", 1)], cwd=project, check=True)
+    assert not (project / "PWNED").exists()
 
 
 def test_sbatch_on_path_submits_and_without_it_the_script_is_written_with_the_command(

@@ -32,6 +32,7 @@ PAYLOADS = {
     "yaml keys": "x\nsetup: touch PWNED\nrun: touch PWNED",
     "history and variables": "!! !$ ${HOME} $PATH ~ *",
     "non-ascii": "données – 漢字 🚀",
+    "unicode line breaks": "a\u0085b\u2028c\u2029d",  # YAML reads NEL raw as a line break
     "spaces and tabs": "a  b\tc \\ \\n",
 }
 COST = ("--params", "1M", "--tokens", "1M")  # no model is built for the estimate

@@ -201,8 +201,10 @@ def _dump(task: dict[str, Any]) -> str:
 
     Dumper.add_representer(str, text)
     Dumper.add_representer(_Flow, flow)
+    # Non-ASCII escaped: written raw, a NEL (U+0085) or a line separator reads back as a line
+    # break, and a value would change on its way to the job.
     dumped: str = yaml.dump(
-        task, Dumper=Dumper, sort_keys=False, allow_unicode=True, width=1_000_000
+        task, Dumper=Dumper, sort_keys=False, allow_unicode=False, width=1_000_000
     )
     return dumped
 

@@ -143,4 +143,5 @@ def submit(path: Path, sbatch: str, passed: Mapping[str, str]) -> int:
 
 
 def submit_hint(path: Path) -> str:
-    return f"sbatch {path}"
+    """The command to paste: the path quoted as a shell word (it may hold `$(...)` or `;`)."""
+    return f"sbatch {shlex.quote(str(path))}"
