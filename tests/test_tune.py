@@ -289,6 +289,20 @@ def test_each_stage_starts_from_the_best_setting_so_far():
     ]
 
 
+def test_a_trial_whose_auto_resolved_to_the_incumbents_settings_is_no_lever():
+    """workers "auto" measured the count the config fixes: its one fast reading is noise, and
+    no paired comparison may keep a change of nothing."""
+    readings = iter([100.0, 532.0, *[100.0 + i for i in range(20)]])
+    fake = FakeTrials(rate=lambda s: next(readings))
+    base = BASE.with_(num_workers=2)  # what the fake's "auto" resolves to
+    outcome = Search(space(levers=("workers",)), base, fake, deadline=1000.0, clock=fake.clock)
+    outcome = outcome.run()
+    assert [c.name for c in fake.calls] == ["00-baseline", "01-workers"]
+    assert outcome.trials[1].resolved == outcome.trials[0].resolved
+    assert outcome.comparisons == [] and outcome.path == [outcome.baseline]
+    assert outcome.winner is outcome.baseline
+
+
 def test_fp16_is_not_tried_once_bf16_ran():
     fake = FakeTrials()
     outcome = search(fake, levers=("precision",)).run()

@@ -29,6 +29,9 @@ Kept only where its loss holds: an fp8 trial (bf16 with float8 linears) may beco
 incumbent only when the mean training loss of its last steps is within 0.01 nats of the bf16
 trial's, the same steps on the same data (`thrifty.levers.fp8.parity`); each check is one of
 the outcome's `checks` lines.
+Not kept: a trial whose "auto" values resolved to what the incumbent runs (workers "auto"
+measured the count the config already fixes): a change of nothing, however fast its one
+reading was.
 Not reached: a candidate that needs more time than the budget has left (its estimate is the
 shortest finished trial like it; an autotuning mode's is twice the default mode's). Once a
 lever is kept, the time the winner's re-measurement needs is held back from the candidates' trials
@@ -230,6 +233,8 @@ class Search:
             return
         best = max(finished, key=lambda t: t.rate(unit) or 0.0)
         path = self.outcome.path
+        if path and best.resolved == path[-1].resolved:
+            return  # its "auto" chose what the incumbent runs: no lever, only the noise
         if path and (best.rate(unit) or 0.0) <= (path[-1].rate(unit) or 0.0):
             return  # it did not beat the incumbent even once
         if not path or self._compare(self._comparison(stage, path[-1], best), best).kept:
