@@ -27,7 +27,6 @@ from typing import Any
 from thrifty.console import say
 from thrifty.errors import ThriftyError
 from thrifty.redact import redact_value
-from thrifty.run.ownership import foreign_in_run
 from thrifty.tuning.space import Space
 from thrifty.tuning.stopping import finished
 from thrifty.tuning.trials import Candidate, Trial
@@ -132,6 +131,8 @@ def inspect(out: Path, key: str, overwrite: bool, flag: Flag) -> Earlier | None:
 
 def foreign(out: Path) -> list[str]:
     """What --out holds that a tune did not write, relative to it."""
+    from thrifty.run.ownership import foreign_in_run  # here: importing a tune needs no torch
+
     found = []
     for entry in sorted(out.iterdir()):
         if entry.name not in (*OWN, *TEMPORARY, *LEFT_ALONE):
