@@ -230,10 +230,34 @@ def test_a_sigterm_then_a_sigkill_resume_the_trial_from_its_checkpoint_as_if_nev
     assert {p: p.read_text() for p in stopped.glob("trials/*/train.log")} == logs
 
 
+def test_a_trial_killed_from_outside_the_sweep_resumes_from_its_checkpoint_not_failed(
+    tmp_path: Path,
+) -> None:
+    """The OOM killer's SIGKILL reaches the trial, not the sweep: the work it saved is not
+    thrown away as a failure; the same sweep takes the trial up again from its checkpoint."""
+    config, space = write_inputs(tmp_path, steps=200)
+    out = tmp_path / "sweep"
+    trial = out / "trials" / "0000"
+    proc = start_and_wait_for(sweep_command(config, space, out, "--trials", "1"), trial, 10)
+    found = subprocess.run(["pgrep", "-f", "--", f"--out {trial}"], capture_output=True, text=True)
+    pids = [int(pid) for pid in found.stdout.split()]
+    assert pids, "the trial's process"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    assert "trial 0: requeued (killed by SIGKILL: it resumes from its checkpoint)" in err
+    assert "trial 0: resumed" in err and "failed" not in err
+    assert resumed_from(trial) >= 10
+    assert study_states(out) == {0: "COMPLETE"}
+    (done,) = record(out)["trials"]
+    assert done["state"] == "complete" and done["curve"][-1][0] == 200
+
+
 def test_two_processes_share_one_sweeps_journal_and_it_records_every_trial_and_writes_best_toml(
     tmp_path: Path, here
 ) -> None:
-    config, space = write_inputs(tmp_path, steps=40)
+    config, space = write_inputs(tmp_path, steps=200)
     out = tmp_path / "sweep"
     command = sweep_command(config, space, out, "--trials", "3")
     procs = [

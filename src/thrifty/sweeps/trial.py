@@ -52,6 +52,8 @@ ERROR_KEY = "thrifty.error"
 FACTS_KEY = "thrifty.run"  # steps, step time and price, from the run's own records
 POLL_SECONDS = 0.2
 IN_USE = " is in use by "  # the run lock's refusal (thrifty.run.lock)
+KILLS_KEY = "thrifty.kills"  # sessions of the trial a signal ended (the OOM killer's SIGKILL)
+MAX_KILLS = 3  # then it fails: a trial killed each time it runs would be resumed forever
 
 
 @dataclass
@@ -292,9 +294,25 @@ def release_paused(setup: TrialSetup, study: optuna.Study) -> list[tuple[int, st
             study.tell(frozen.number, state=TrialState.PRUNED)
             decided.append((frozen.number, "pruned"))
         else:
-            setup.storage.set_trial_state_values(frozen._trial_id, TrialState.WAITING)
+            requeue(setup.storage, frozen._trial_id)
             decided.append((frozen.number, "resumes"))
     return decided
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def requeue(storage: Any, trial_id: int) -> None:
+    """Back in the queue (WAITING) to resume from its checkpoint, its lease dropped first: a
+    worker that takes it up again is not seen, before it writes its own lease, as running an
+    orphan under the old one (which would hand it to a second worker, its seconds counted
+    twice)."""
+    storage.set_trial_user_attr(trial_id, LEASE_KEY, None)
+    storage.set_trial_state_values(trial_id, TrialState.WAITING)
 
 
 def run_facts(run_dir: Path) -> dict[str, Any]:
@@ -343,8 +361,19 @@ def _finish(
         trial.set_user_attr(PAUSED_KEY, paused)  # stays RUNNING: not an orphan, not queued
         return Ended(number, "paused", f"at step {paused}, until its bracket catches up")
     if code == EXIT_PREEMPTED or (stopped and code != 0):
-        storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
+        requeue(storage, trial._trial_id)
         return Ended(number, "requeued", "preempted: it resumes from its checkpoint")
+    if code < 0:  # a signal from outside the sweep (the OOM killer, an operator): work saved
+        name = _signal_name(-code)
+        kills = int(storage.get_trial(trial._trial_id).user_attrs.get(KILLS_KEY, 0)) + 1
+        trial.set_user_attr(KILLS_KEY, kills)
+        if kills < MAX_KILLS:
+            requeue(storage, trial._trial_id)
+            return Ended(number, "requeued", f"killed by {name}: it resumes from its checkpoint")
+        error = f"killed by {name} {kills} times (out of memory?); its last: {child.error_line()}"
+        trial.set_user_attr(ERROR_KEY, error)
+        study.tell(trial, state=TrialState.FAIL)
+        return Ended(number, "failed", error)
     if code != 0:
         error = child.error_line()
         if IN_USE in error:  # another worker took this trial up first: its run, its outcome
