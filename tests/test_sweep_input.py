@@ -79,14 +79,17 @@ def test_hyperband_needs_a_last_step(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "needs run.max_steps" in err
 
 
+@pytest.mark.parametrize(
+    "password", ["hunter2", "s3cr'et", 's3"cr et<x>'], ids=["plain", "quote", "others"]
+)
 def test_a_storage_that_cannot_be_reached_is_one_line_without_its_password(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], password: str
 ) -> None:
     config, space = write_inputs(tmp_path, steps=20)
-    url = "postgresql+psycopg://sweeper:hunter2@127.0.0.1:1/studies"
+    url = f"postgresql+psycopg://sweeper:{password}@127.0.0.1:1/studies"
     err = one_line_error(capsys, sweep_args(config, space, tmp_path / "out", "--storage", url))
     assert "cannot open the study's database" in err and "127.0.0.1:1" in err
-    assert "hunter2" not in err
+    assert password not in err and "s3cr" not in err and "sweeper" not in err
 
 
 def test_a_study_made_from_another_config_or_space_is_refused(

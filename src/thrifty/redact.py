@@ -164,7 +164,9 @@ def redact_text(text: str) -> str:
     return _redact_pairs(text)
 
 
-_URL_USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://(?P<info>[^\s'\"<>]*)@")
+# The URL is known to be one: everything up to its last `@` is credentials, quotes and spaces
+# included (which the pattern for URLs in free text must stop at).
+_URL_USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://(?P<info>[^\n]*)@")
 _MIN_PIECE = 4  # shorter pieces of a password are not masked alone: they would hit any text
 
 

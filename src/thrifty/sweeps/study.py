@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from thrifty.errors import ConfigError, ThriftyError
-from thrifty.redact import redact_text
+from thrifty.redact import redact_known, url_secrets
 
 if TYPE_CHECKING:
     import optuna
@@ -59,18 +59,20 @@ def open_storage(out: Path, url: str | None) -> Any:
 
     if url is None:
         return JournalStorage(JournalFileBackend(str(out / JOURNAL)))
+    secrets = url_secrets(url)  # a password may hold what no pattern can tell from text
     try:
         return _rdb_storage(url)
     except ImportError as exc:
         raise ThriftyError(
-            f"--storage {redact_text(url)}: its driver is not installed ({exc}); for PostgreSQL "
+            f"--storage {redact_known(url, secrets)}: its driver is not installed "
+            f"({redact_known(str(exc), secrets)}); for PostgreSQL "
             "pip install 'thrifty[postgres]'"
         ) from None
     except Exception as exc:  # sqlalchemy's errors: the server is down, refused, unknown
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ThriftyError(
-            f"--storage {redact_text(url)}: cannot open the study's database: "
-            f"{redact_text(first)}; check that the server is up and the URL is right"
+            f"--storage {redact_known(url, secrets)}: cannot open the study's database: "
+            f"{redact_known(first, secrets)}; check that the server is up and the URL is right"
         ) from None
 
 
