@@ -53,6 +53,25 @@ def test_a_damaged_summary_is_skipped_and_said_while_the_rest_are_counted(team, 
     )
 
 
+@pytest.mark.parametrize("steps", ['"x"', "Infinity", "-3", "2.5"])
+def test_a_summary_whose_steps_are_not_a_count_is_skipped_in_one_line(
+    team, tmp_path, capsys, steps
+):
+    runs = tmp_path / "runs"
+    shutil.copytree(team.root / "plain", runs / "plain")
+    shutil.copytree(team.root / "forecast", runs / "damaged")
+    summary = runs / "damaged/summary.json"
+    data = json.loads(summary.read_text())
+    summary.write_text(json.dumps({**data, "steps": "@"}).replace('"@"', steps))
+    code, out, err = cli(capsys, str(runs), "--json")
+    assert code == 0
+    assert [r["name"] for r in json.loads(out)["runs"]] == ["run"]
+    assert err.strip() == (
+        f"thrifty runs: {summary}: its steps are damaged ({json.loads(steps)!r}, not a count): "
+        "skipped"
+    )
+
+
 def test_runs_priced_from_different_catalogs_are_said(team, tmp_path, capsys):
     runs = tmp_path / "runs"
     for name, catalog in (("a", "one.toml"), ("b", "two.toml")):

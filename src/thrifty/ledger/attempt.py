@@ -170,6 +170,9 @@ def _read_summary(path: Path) -> dict[str, Any] | None:
         )
     if not _cost_fits(data.get("cost")):
         raise Skipped(f"{file}: its cost is damaged (a figure that is not a number): skipped")
+    steps = data.get("steps")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
+        raise Skipped(f"{file}: its steps are damaged ({steps!r}, not a count): skipped")
     return data
 
 
