@@ -210,6 +210,14 @@ def test_a_csv_is_read_by_its_header_whatever_the_other_columns(tmp_path: Path) 
     assert found.points[1].source == f"{path} line 5"  # the blank line 4 counts
 
 
+def test_a_csv_a_spreadsheet_saved_with_a_byte_order_mark_reads_the_same(tmp_path: Path) -> None:
+    path = tmp_path / "runs.csv"
+    rows = "params,tokens,loss\n1e7,1e9,3.1\n3e7,2e9,2.9\n1e8,4e9,2.8\n3e8,8e9,2.7\n1e9,2e10,2.6\n"
+    path.write_text(rows, encoding="utf-8-sig")  # Excel's "CSV UTF-8"
+    found = read_points([str(path)])
+    assert [(p.params, p.tokens, p.loss) for p in found.points][0] == (1e7, 1e9, 3.1)
+
+
 def test_runs_are_read_from_run_sweep_and_parent_folders(tmp_path: Path) -> None:
     run = write_run(tmp_path / "single", 1e7, 1e9, 3.0)
     sweep = tmp_path / "sweep"

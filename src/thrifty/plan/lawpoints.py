@@ -79,7 +79,8 @@ def read_points(paths: Sequence[str]) -> Points:
 def read_csv(path: Path) -> list[Point]:
     """The points of a CSV file whose header names `params`, `tokens` and `loss`."""
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        # utf-8-sig: a spreadsheet's "CSV UTF-8" opens with a byte-order mark
+        with open(path, newline="", encoding="utf-8-sig") as f:
             rows = list(csv.reader(f))
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ def print_table(record: dict[str, Any], out: Path) -> None:
     if best is not None:
         show.print(
             f"best: trial {best['number']}, loss {best['value']:.6g} ({_params(best['params'])}); "
-            f"`thrifty train {out / 'best.toml'}` runs it"
+            f"`thrifty train {shlex.quote(str(out / 'best.toml'))}` runs it"
         )
     saved = c["saved_seconds"] / c["unpruned_seconds"] if c["unpruned_seconds"] else 0.0
     line = (
