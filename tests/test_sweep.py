@@ -147,9 +147,9 @@ def start_and_wait_for(
 
 
 def resumed_from(run_dir: Path) -> int:
-    """The step the trial's last session resumed from (each session rewrites train.log)."""
+    """The step the trial's last session resumed from (each session appends to train.log)."""
     log = (run_dir / "train.log").read_text()
-    return int(log.split("resumed from step ")[1].split()[0])
+    return int(log.rsplit("resumed from step ", 1)[1].split()[0])
 
 
 def study_states(out: Path) -> dict[int, str]:
@@ -249,6 +249,9 @@ def test_a_trial_killed_from_outside_the_sweep_resumes_from_its_checkpoint_not_f
     assert "trial 0: requeued (killed by SIGKILL: it resumes from its checkpoint)" in err
     assert "trial 0: resumed" in err and "failed" not in err
     assert resumed_from(trial) >= 10
+    first, second = (trial / "train.log").read_text().split("--- trial 0: a new session, ")
+    assert "checkpoint step 10 written" in first  # the killed session's story is kept
+    assert "resumed from step" in second and "resumed from step" not in first
     assert study_states(out) == {0: "COMPLETE"}
     (done,) = record(out)["trials"]
     assert done["state"] == "complete" and done["curve"][-1][0] == 200
@@ -257,7 +260,7 @@ def test_a_trial_killed_from_outside_the_sweep_resumes_from_its_checkpoint_not_f
 def test_two_processes_share_one_sweeps_journal_and_it_records_every_trial_and_writes_best_toml(
     tmp_path: Path, here
 ) -> None:
-    config, space = write_inputs(tmp_path, steps=200)
+    config, space = write_inputs(tmp_path, steps=40)
     out = tmp_path / "sweep"
     command = sweep_command(config, space, out, "--trials", "3")
     procs = [

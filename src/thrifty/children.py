@@ -39,11 +39,12 @@ def launch(command: Sequence[str], env: Mapping[str, str], log: Path) -> int:
         ).returncode
 
 
-def first_error_line(log: Path) -> str:
-    """The first error in a log: a `thrifty: error:` line or the last line of a traceback.
-    With several processes the first is the cause; the others are ranks losing their peer.
-    A log without one gives its last line."""
-    lines = _lines(log)
+def first_error_line(log: Path, start: int = 0) -> str:
+    """The first error in a log (from byte `start`: one session's part of a log several
+    append to): a `thrifty: error:` line or the last line of a traceback. With several
+    processes the first is the cause; the others are ranks losing their peer. A log without
+    one gives its last line."""
+    lines = _lines(log, start)
     if lines is None:
         return "(no output)"
     found = _first_error(lines)
@@ -55,9 +56,11 @@ def error_in(log: Path) -> str | None:
     return _first_error(_lines(log) or [])
 
 
-def _lines(log: Path) -> list[str] | None:
+def _lines(log: Path, start: int = 0) -> list[str] | None:
     try:
-        text = log.read_text(errors="replace")
+        with open(log, "rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
     except OSError:
         return None
     return [_RANK_PREFIX.sub("", line).strip() for line in text.splitlines()]
@@ -77,7 +80,9 @@ class Child:
     `tether`: bytes sent on the child's stdin, a pipe kept open until the child ends (see
     `tethered`). `pass_fds`: descriptors the child inherits. `redact`: its output passes
     through `redact_text` on its way to the log, so that no credential it prints (a traceback
-    quoting a URL) is written; a failed write to the log is kept in `write_error`.
+    quoting a URL) is written; a failed write to the log is kept in `write_error`. `append`:
+    the log keeps what earlier sessions of the same work wrote (a sweep's trial resumed), this
+    session's lines after a line that says so; `error_line` reads this session's only.
     """
 
     def __init__(
@@ -90,11 +95,17 @@ class Child:
         tether: bytes | None = None,
         pass_fds: Sequence[int] = (),
         redact: bool = False,
+        append: bool = False,
     ) -> None:
         self.label = label
         self.log = log
         self.write_error: OSError | None = None
-        self._file: TextIO = open(log, "w")  # noqa: SIM115 (closed in wait())
+        self._file: TextIO = open(log, "a" if append else "w")  # noqa: SIM115 (closed in wait())
+        if self._file.tell():
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+            self._file.write(f"\n--- {label}: a new session, {stamp} ---\n")
+            self._file.flush()
+        self._start = self._file.tell()  # where this session's lines begin
         self._threads: list[threading.Thread] = []
         self.started_wall = time.time()
         self.started = time.monotonic()
@@ -178,7 +189,7 @@ class Child:
 
     def error_line(self) -> str:
         """What its log says went wrong (its last line when it shows no error)."""
-        return first_error_line(self.log)
+        return first_error_line(self.log, self._start)
 
 
 def _send(pipe: IO[bytes], data: bytes) -> None:

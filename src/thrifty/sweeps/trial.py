@@ -159,6 +159,7 @@ def run_trial(
                 tether=setup.config_text,
                 pass_fds=(progress, child_read, child_write),
                 redact=True,
+                append=True,  # each session's lines after the last's: a resume's story kept
             )
         )
         for fd in (child_read, child_write, progress):
