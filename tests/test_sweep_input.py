@@ -34,6 +34,8 @@ def sweep_args(config: Path, space: Path, out: Path, *extra: str) -> list[str]:
         ('["optimizer.lr"]\nlow = 0.3\nhigh = 0.1\n', "is inverted"),
         ('["batch.micro"]\nchoices = [8, 12.5]\n', "batch.micro = 12.5 is invalid"),
         ('["optimizer.lr"\nlow = 1', "is not valid TOML"),
+        ('lr = 0.1\n', 'must be a table with low and high, or choices (quote the name, as in ["optimizer.lr"])'),
+        ('[lr]\nlow = 0.1\nhigh = 1.0\n', "is not a config key; use section.key, e.g. optimizer.lr"),
     ],
 )
 def test_a_bad_space_is_one_line(

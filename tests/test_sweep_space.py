@@ -44,7 +44,7 @@ def test_a_resumed_trial_keeps_the_values_it_had() -> None:
     ("table", "words"),
     [
         ({"optimizer.lrr": {"low": 0.1, "high": 1.0}}, "unknown key optimizer.lrr"),
-        ({"lr": {"low": 0.1, "high": 1.0}}, "is not a config key: use section.key"),
+        ({"lr": {"low": 0.1, "high": 1.0}}, "is not a config key; use section.key"),
         ({"optimizer.lr": {"low": 0.1, "high": 0.1}}, "is empty: low must be below high"),
         ({"optimizer.lr": {"low": 0.5, "high": 0.1}}, "is inverted: low must be below high"),
         ({"optimizer.lr": {"low": 0.0, "high": 0.1, "log": True}}, "needs low above 0"),

@@ -140,7 +140,7 @@ def parse_space(data: Mapping[str, Any], base: Mapping[str, Any], where: str = "
         if not isinstance(table, Mapping):
             raise ConfigError(
                 f'{where}: ["{key}"] must be a table with low and high, or choices (quote the '
-                'key: ["optimizer.lr"])'
+                'name, as in ["optimizer.lr"])'
             )
         param = _param(key, table, where)
         _check_values(param, base, where)
@@ -151,7 +151,7 @@ def parse_space(data: Mapping[str, Any], base: Mapping[str, Any], where: str = "
 def _param(key: str, table: Mapping[str, Any], where: str) -> Param:
     name = f'{where}: ["{key}"]'
     if "." not in key or not all(key.split(".")):
-        raise ConfigError(f"{name} is not a config key: use section.key, e.g. optimizer.lr")
+        raise ConfigError(f"{name} is not a config key; use section.key, e.g. optimizer.lr")
     if "choices" in table:
         extra = sorted(set(table) - {"choices"})
         if extra:
