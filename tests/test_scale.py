@@ -374,3 +374,34 @@ def test_scale_runs_one_and_two_processes_end_to_end(
         assert 0 < count["predicted_efficiency"] <= 1
     assert report["counts"][1]["strategy"] == "ddp"
     assert math.isfinite(report["counts"][1]["bus_gbs"]) and report["counts"][1]["bus_gbs"] > 0
+
+
+def test_a_run_scale_started_dies_with_scale_even_by_sigkill(tmp_path):
+    """`thrifty scale` killed outright (the OOM killer, a scheduler's SIGKILL to it alone)
+    leaves no training running on: its child gets the kernel's SIGKILL too."""
+    import os
+    import signal
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    parent = (
+        "import sys; from pathlib import Path; from thrifty.children import launch; "
+        f"launch([sys.executable, '-c', {child!r}], {{}}, Path({str(tmp_path / 'log')!r}))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", parent])
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = int(pid_file.read_text())
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail("the child outlived the command that started it")

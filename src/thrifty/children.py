@@ -32,11 +32,32 @@ _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*")
 
 
 def launch(command: Sequence[str], env: Mapping[str, str], log: Path) -> int:
-    """Run `command` to its end, stdout and stderr to `log`; its exit code."""
+    """Run `command` to its end, stdout and stderr to `log`; its exit code. On Linux it ends
+    with the command, however the command ends (SIGKILL too): the kernel sends it SIGKILL when
+    the thread that started it ends."""
     with open(log, "w") as f:
         return subprocess.run(
-            list(command), stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env
+            list(command),
+            stdin=subprocess.DEVNULL,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=_parent_death_signal(),
         ).returncode
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """What a child runs before its command on Linux: PR_SET_PDEATHSIG, which the command
+    keeps. libc is found here, in the parent: after the fork the child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
 
 
 def first_error_line(log: Path, start: int = 0) -> str:
