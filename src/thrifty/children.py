@@ -42,13 +42,15 @@ def launch(command: Sequence[str], env: Mapping[str, str], log: Path) -> int:
             stdout=f,
             stderr=subprocess.STDOUT,
             env=env,
-            preexec_fn=_parent_death_signal(),
+            preexec_fn=parent_death_signal(signal.SIGKILL),
         ).returncode
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
-    """What a child runs before its command on Linux: PR_SET_PDEATHSIG, which the command
-    keeps. libc is found here, in the parent: after the fork the child only calls it."""
+def parent_death_signal(signum: int) -> Callable[[], None] | None:
+    """On Linux, a call that asks the kernel to send `signum` to the calling process when the
+    thread that started it ends (PR_SET_PDEATHSIG, kept across exec): a child's `preexec_fn`,
+    or a process's own. None elsewhere. libc is found here: after a fork the child only calls
+    it."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
@@ -57,7 +59,7 @@ def _parent_death_signal() -> Callable[[], None] | None:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
-    return lambda: prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    return lambda: prctl(1, int(signum), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
 
 
 def first_error_line(log: Path, start: int = 0) -> str:

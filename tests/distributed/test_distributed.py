@@ -336,6 +336,40 @@ def test_sigterm_to_the_launcher_reaches_every_rank_and_ends_with_the_resumable_
     assert "saving an emergency checkpoint" in stderr and "Traceback" not in stderr
 
 
+def test_a_launcher_killed_alone_stops_every_rank_with_its_checkpoint(tmp_path):
+    """The OOM killer's SIGKILL to the `--nprocs` launcher alone forwards nothing: each rank
+    gets the kernel's SIGTERM instead, saves and ends, and holds no run directory's lock."""
+    import psutil
+
+    config = write_config(tmp_path, "ddp", strategy="ddp", steps=400, ms=1.0)
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "thrifty", "train", str(config), "--out", str(out)]
+    launcher = subprocess.Popen(
+        [*command, "--nprocs", "2"], cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while _steps_logged(out) < 3:
+            assert launcher.poll() is None and time.monotonic() < deadline, "run ended early"
+            time.sleep(0.05)
+        ranks = [_rank_pid(launcher, rank) for rank in (0, 1)]
+        launcher.kill()
+        launcher.wait(timeout=30)
+        gone, alive = psutil.wait_procs([psutil.Process(pid) for pid in ranks], timeout=TIMEOUT)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    for rank in alive:
+        rank.kill()
+    assert not alive, "a rank trained on without its launcher"
+    stopped_at = _steps_logged(out)
+    assert newest_checkpoint(out).name == f"step-{stopped_at:08d}"  # its emergency save
+    assert not (out / "summary.json").exists()
+    resumed = ok(train(config, out, "--steps", str(stopped_at + 2), nprocs=2))
+    assert f"resumed from step {stopped_at}" in resumed.stderr
+
+
 def killed_before_its_last_save(run: Path, out: Path) -> Path:
     """A copy of the finished `run` as a job killed after its last step, before that step's
     checkpoint: its newest checkpoint is the one before (the fsdp run's, step 21's)."""

@@ -125,6 +125,9 @@ def _run(args: argparse.Namespace, config: Any, stops: StopSignals) -> int:
     if launching:
         with stops.interruptible():  # until the launcher's handlers replace ours
             return _launch(args, config)
+    from thrifty.strategies.launcher import follow_launcher
+
+    follow_launcher(config.spot.signals)  # a rank of --nprocs: it stops if the launcher dies
     load_torch()  # the compiler too, which the optimizer imports: not in a launcher
     return _train(config, stops)
 

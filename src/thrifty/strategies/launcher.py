@@ -42,6 +42,29 @@ SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 # group left there (gloo's and NCCL's peer addresses) lead the next one to dead ports, and its
 # process group times out (pytorch/pytorch#135712). "1": a fresh store for every group.
 SEPARATE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+# The launcher's pid, for its ranks: `follow_launcher`.
+LAUNCHER_ENV = "THRIFTY_LAUNCHER_PID"
+
+
+def follow_launcher(signals: Sequence[str] = DEFAULT_SIGNALS) -> None:
+    """In a rank this launcher started: a stop signal (SIGTERM, else the first of `signals`)
+    from the kernel when the launcher dies without forwarding one (SIGKILLed alone, by the
+    OOM killer or by hand), so that the rank stops as on a preemption, saving its step, rather
+    than train on with nobody to report to and hold the run directory's lock. Linux only;
+    nothing for a process the launcher did not start."""
+    launcher = os.environ.get(LAUNCHER_ENV)
+    if launcher is None or str(os.getppid()) != launcher:
+        return
+    from thrifty.children import parent_death_signal
+
+    watched = parse_signals(signals)
+    signum = signal.SIGTERM if signal.SIGTERM in watched else next(iter(watched), signal.SIGTERM)
+    ask = parent_death_signal(signum)
+    if ask is None:
+        return
+    ask()
+    if str(os.getppid()) != launcher:  # it died before the kernel was asked
+        os.kill(os.getpid(), signum)
 
 
 def strip_nprocs(argv: Sequence[str]) -> list[str]:
@@ -153,6 +176,7 @@ def launch(
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(nprocs)))
     os.environ.setdefault(SEPARATE_STORE_ENV, "1")
+    os.environ[LAUNCHER_ENV] = str(os.getpid())  # the ranks stop if this process dies alone
     config = LaunchConfig(
         min_nodes=meet.nodes,
         max_nodes=meet.nodes,
