@@ -175,12 +175,15 @@ def _train(config: Any, stops: StopSignals) -> int:
     from thrifty.strategies.process_group import env_rank
     from thrifty.task import build_task
 
-    # Only rank 0 speaks; the other ranks log errors alone, naming themselves.
+    # Only rank 0 speaks; the other ranks log errors alone, naming themselves. Other
+    # libraries' information (botocore's "Found credentials in environment variables") is
+    # not thrifty's to print: their warnings are.
     rank = env_rank()
     logging.basicConfig(
-        level=logging.INFO if rank == 0 else logging.ERROR,
+        level=logging.WARNING if rank == 0 else logging.ERROR,
         format="thrifty: %(message)s" if rank == 0 else f"thrifty: rank {rank}: %(message)s",
     )
+    logging.getLogger("thrifty").setLevel(logging.INFO if rank == 0 else logging.ERROR)
     install_log_redaction()  # no credential reaches the terminal or a captured log
     with stops.interruptible():  # the user's factories, the model, the data: nothing written
         seed_everything(config.run.seed)
