@@ -199,3 +199,23 @@ def test_retention_keeps_a_published_save_someone_put_a_file_into(tmp_path, capl
     assert not (tmp_path / step_dir(2)).exists()
     said = [r.getMessage() for r in caplog.records if "eval.txt" in r.getMessage()]
     assert len(said) == 1 and "which thrifty did not write" in said[0]
+
+
+def test_a_tensorboard_folder_of_someone_elses_is_refused_where_a_run_would_start_it_over(
+    tmp_path, capsys
+):
+    folder = tmp_path / "mine"
+    (folder / "tensorboard").mkdir(parents=True)
+    (folder / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"my other runs")
+    before = snapshot(folder)
+    config = job(tmp_path)
+    code, err = train(capsys, config, folder, "--set", "log.tensorboard=true")
+    assert code == 2
+    assert one_error(err) == (
+        f"thrifty: error: run directory {folder} holds tensorboard/, which thrifty did not "
+        f"write and would write over: move it away, or choose another --out"
+    )
+    assert snapshot(folder) == before
+    # Off, the folder is not thrifty's to touch: the run goes ahead beside it.
+    assert train(capsys, config, folder)[0] == 0
+    assert (folder / "tensorboard" / "events.out.tfevents.1.host").read_bytes() == b"my other runs"

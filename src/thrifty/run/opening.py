@@ -94,7 +94,9 @@ def claim_run_dir(config: TrainConfig, interface: str) -> Claimed:
 def _claim(config: TrainConfig, interface: str, run_dir: Path, lock: RunLock) -> Claimed:
     r, c = config.run, config.checkpoint
     # Before anything is written: nothing thrifty did not write is in the way.
-    check_run_dir(run_dir, c, overwrite=r.overwrite, interface=interface)
+    check_run_dir(
+        run_dir, c, overwrite=r.overwrite, interface=interface, tensorboard=config.log.tensorboard
+    )
     extending = (run_dir / "summary.json").exists() and not r.overwrite
     if extending:
         grew = _finished_run(config, interface, run_dir)

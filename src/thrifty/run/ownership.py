@@ -52,11 +52,14 @@ def checkpoint_folder(run_dir: Path, checkpoint: CheckpointConfig) -> Path:
     return Path(location) if location else default
 
 
-def foreign_files(run_dir: Path, checkpoints: Path, *, emptied: bool) -> list[str]:
+def foreign_files(
+    run_dir: Path, checkpoints: Path, *, emptied: bool, tensorboard: bool = False
+) -> list[str]:
     """What thrifty did not write among what it would replace or delete in `run_dir`: its
-    files, the save folders in `checkpoints`, and with `emptied` (--overwrite on the run's own
-    checkpoints/ folder) everything in that folder. Paths relative to `run_dir` where they are
-    inside it; a folder ends in "/"."""
+    files, the save folders in `checkpoints`, with `emptied` (--overwrite on the run's own
+    checkpoints/ folder) everything in that folder, and with `tensorboard` (a run that starts
+    its TensorBoard folder over) a `tensorboard` folder that is not beside a thrifty run. Paths
+    relative to `run_dir` where they are inside it; a folder ends in "/"."""
     saves = has_saves(checkpoints)
     summary = is_own_json(run_dir / "summary.json", SUMMARY_KEY)
     metrics = run_dir / "metrics.jsonl"
@@ -73,6 +76,9 @@ def foreign_files(run_dir: Path, checkpoints: Path, *, emptied: bool) -> list[st
         path = run_dir / name
         if path.is_dir() or (path.exists() and not is_own(path)):
             found.append(_shown(path, run_dir))
+    board = run_dir / "tensorboard"
+    if tensorboard and board.is_dir() and not beside_a_run:  # a file there it never deletes
+        found.append(_shown(board, run_dir))
     found += [_shown(p, run_dir) for p in _foreign_in_checkpoints(checkpoints, every=emptied)]
     return found
 
@@ -96,14 +102,21 @@ def foreign_in_run(run_dir: Path) -> list[str]:
 
 
 def check_run_dir(
-    run_dir: Path, checkpoint: CheckpointConfig, *, overwrite: bool, interface: str
+    run_dir: Path,
+    checkpoint: CheckpointConfig,
+    *,
+    overwrite: bool,
+    interface: str,
+    tensorboard: bool = False,
 ) -> None:
     """Refuse, in one line naming what was found, a run directory where thrifty would replace
-    or delete something it did not write. Reads only."""
+    or delete something it did not write (`tensorboard`: log.tensorboard is on). Reads only."""
     if not run_dir.is_dir():
         return
     emptied = overwrite and checkpoint.location is None
-    found = foreign_files(run_dir, checkpoint_folder(run_dir, checkpoint), emptied=emptied)
+    found = foreign_files(
+        run_dir, checkpoint_folder(run_dir, checkpoint), emptied=emptied, tensorboard=tensorboard
+    )
     if not found:
         return
     named = ", ".join(found[:MAX_NAMED]) + (
