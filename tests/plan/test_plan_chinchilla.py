@@ -63,6 +63,7 @@ def test_a_gpu_hour_budget_is_converted_at_peak_times_mfu() -> None:
     ("kwargs", "match"),
     [
         ({"flops": 0}, r"compute budget \(FLOPs\) must be greater than 0, got 0"),
+        ({"flops": float("inf")}, r"compute budget \(FLOPs\) must be a finite number, got inf"),
         ({"dollars": -5, "instance": "p4d.24xlarge"}, r"budget \(dollars\) must be greater than 0"),
         ({"gpu_hours": 100}, "needs a GPU"),
         ({"dollars": 100}, "needs an instance"),

@@ -86,7 +86,8 @@ def require_positive(value: float, field: str, fix: str = "") -> float:
     """Return `value` if it is a finite number > 0; otherwise raise naming the field and value."""
     if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
         hint = f"; {fix}" if fix else ""
-        raise ConfigError(f"{field} must be greater than 0, got {value!r}{hint}")
+        what = "a finite number" if isinstance(value, float) and value > 0 else "greater than 0"
+        raise ConfigError(f"{field} must be {what}, got {value!r}{hint}")
     return float(value)
 
 
