@@ -207,9 +207,10 @@ def refuse_saves_elsewhere(run_dir: Path, checkpoint: CheckpointConfig, interfac
     if elsewhere is None:
         return
     again = "--overwrite" if interface == "cli" else "RunConfig(overwrite=True)"
+    here = redact(checkpoint.location) if checkpoint.location else run_dir / "checkpoints"
     raise ThriftyError(
         f"run directory {run_dir} holds an unfinished run that saved its checkpoints to "
-        f"{elsewhere}, not to {checkpoint.location or run_dir / 'checkpoints'}: give "
+        f"{elsewhere}, not to {here}: give "
         f"checkpoint.location = {elsewhere!r} to resume it, or start it over with {again}"
     )
 
