@@ -231,7 +231,12 @@ EXIT_ORPHANED = 1
 def tethered() -> bytes:
     """In a child started with `tether`: the bytes sent. From here on the child ends when the
     command that started it ends, even by SIGKILL: see the module's docstring."""
-    _die_with_parent()
+    # SIGKILL from the kernel when the parent *thread* ends: the command starts and waits for
+    # its child from one thread, which outlives the child unless the whole command dies. The
+    # stdin watch covers the moment before this call and other systems.
+    ask = parent_death_signal(signal.SIGKILL)
+    if ask is not None:
+        ask()
     # The descriptor itself, not sys.stdin: a thread blocked in a buffered read holds a lock
     # that the interpreter's shutdown would wait for.
     header = b""
@@ -249,22 +254,6 @@ def tethered() -> bytes:
         data += chunk
     threading.Thread(target=_end_with_parent, daemon=True).start()
     return data
-
-
-def _die_with_parent() -> None:
-    """Linux: SIGKILL from the kernel when the parent *thread* ends. The command starts and
-    waits for its child from one thread, so that thread outlives the child unless the whole
-    command dies. The stdin watch covers the moment before this call and other systems."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    pr_set_pdeathsig = 1  # <linux/prctl.h>
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):  # no prctl in this libc: the stdin watch remains
-        pass
 
 
 def _end_with_parent() -> None:

@@ -38,6 +38,7 @@ from thrifty.run.ownership import (
     check_run_dir,
     checkpoint_folder,
     has_saves,
+    overwrite_flag,
     remove_checkpoints,
 )
 from thrifty.run.saves import describe, make_manager, resume_point
@@ -184,17 +185,18 @@ def start_over(
     the newest of them would outrank the new run's, so the run is refused while any are there.
     Checked before anything is deleted."""
     own = run_dir / "checkpoints"
-    staged_here = Path(manager.local_dir).resolve() == own.resolve()
+    # Where this run writes its saves (a URL's staging folder): its own folder, or yours.
+    staged_here = checkpoint_folder(run_dir, checkpoint).resolve() == own.resolve()
     if checkpoint.location is not None and manager.has_checkpoints(local=not staged_here):
         staged = is_remote(checkpoint.location) and not staged_here
         where = manager.location + (f" (or its local_dir {manager.local_dir})" if staged else "")
-        flag = "--overwrite" if interface == "cli" else "RunConfig(overwrite=True)"
         raise ThriftyError(
-            f"checkpoint.location {where} holds checkpoints of an earlier run, which {flag} "
+            f"checkpoint.location {where} holds checkpoints of an earlier run, which "
+            f"{overwrite_flag(interface)} "
             "does not delete and the new run would resume in place of its own: delete them, "
             "or choose another checkpoint.location"
         )
-    if checkpoint_folder(run_dir, checkpoint).resolve() == own.resolve():
+    if staged_here:
         remove_checkpoints(own)
 
 
@@ -206,12 +208,11 @@ def refuse_saves_elsewhere(run_dir: Path, checkpoint: CheckpointConfig, interfac
     elsewhere = saves_elsewhere(run_dir, checkpoint)
     if elsewhere is None:
         return
-    again = "--overwrite" if interface == "cli" else "RunConfig(overwrite=True)"
     here = redact(checkpoint.location) if checkpoint.location else run_dir / "checkpoints"
     raise ThriftyError(
         f"run directory {run_dir} holds an unfinished run that saved its checkpoints to "
         f"{elsewhere}, not to {here}: give "
-        f"checkpoint.location = {elsewhere!r} to resume it, or start it over with {again}"
+        f"checkpoint.location = {elsewhere!r} to resume it, or start it over with {overwrite_flag(interface)}"
     )
 
 

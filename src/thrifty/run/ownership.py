@@ -101,6 +101,11 @@ def foreign_in_run(run_dir: Path) -> list[str]:
     return found + foreign_files(run_dir, run_dir / "checkpoints", emptied=True)
 
 
+def overwrite_flag(interface: str) -> str:
+    """How who drives us asks to start over: the flag, or the Python argument."""
+    return "--overwrite" if interface == "cli" else "RunConfig(overwrite=True)"
+
+
 def check_run_dir(
     run_dir: Path,
     checkpoint: CheckpointConfig,
@@ -124,7 +129,7 @@ def check_run_dir(
     )
     cli = interface == "cli"
     if overwrite:
-        flag = "--overwrite" if cli else "RunConfig(overwrite=True)"
+        flag = overwrite_flag(interface)
         why = f": {flag} replaces a thrifty run but never files thrifty did not write;"
     else:
         why = " and would write over:"
