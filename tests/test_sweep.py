@@ -29,6 +29,7 @@ import optuna
 import pytest
 
 from thrifty import cli
+from thrifty.checkpoint.manifest import MANIFEST
 
 TESTS = Path(__file__).resolve().parent
 
@@ -124,7 +125,12 @@ def record(out: Path) -> dict[str, Any]:
 
 
 def newest_checkpoint_step(run_dir: Path) -> int:
-    found = [int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*")]
+    """The newest published checkpoint: a step's folder appears before its manifest, and a
+    kill in between leaves nothing to resume from."""
+    found = [
+        int(p.parent.name.split("-")[1])
+        for p in (run_dir / "checkpoints").glob(f"step-*/{MANIFEST}")
+    ]
     return max(found, default=0)
 
 
