@@ -437,7 +437,7 @@ def test_max_autotune_runs_only_where_time_allows():
     assert [c.setting.compile for c in fake.calls] == ["off", "default"]
     (skipped,) = outcome.not_reached
     assert skipped.setting.compile == "max-autotune"
-    assert skipped.reason == "needs about 80 s, 50 s left"  # twice the default mode's time
+    assert skipped.reason == "needs about 160 s, 50 s left"  # 4x the default mode's time
 
 
 def test_a_trial_the_budget_ends_is_stopped_and_nothing_after_it_starts():
@@ -488,7 +488,7 @@ def test_the_table_and_json_show_each_trial_with_its_cost(config, tmp_path, caps
         assert text in out
     assert "paired: 01-precision against 00-baseline: 2.00x (2.00–2.00) tokens/s over 2 " in out
     assert "winner: 01-precision" in out
-    assert "2.00x (2.00–2.00) the baseline's tokens/s, re-measured over 2 alternating" in out
+    assert "2.00x (2.00–2.00) the baseline's tokens/s, paired over 2 alternating rounds" in out
 
 
 def test_the_waterfall_goes_from_the_baseline_to_the_winner_lever_by_lever(config, tmp_path):
@@ -641,7 +641,7 @@ def test_real_trials_write_a_winner_thrifty_train_runs_as_is(
     assert cli.main([*train, "--set", "run.progress=off"]) == 0
 
 
-# 12 processes (2 trials, 2 comparisons of 5 runs): out of the default suite. Its decisions are
+# 7 processes (2 trials, a comparison of 5 runs): out of the default suite. Its decisions are
 # test_tune_paired.py's on a fake clock, through the same tune, and real trial processes are
 # test_real_trials_write_a_winner_thrifty_train_runs_as_is's.
 @pytest.mark.slow
@@ -662,30 +662,25 @@ def test_real_trials_keep_a_lever_on_paired_runs_and_the_waterfall_shows_their_f
     report = json.loads(capsys.readouterr().out)
     assert report == json.loads((out / "tune.json").read_text())
     assert [t["name"] for t in report["trials"]] == ["00-baseline", "01-micro"]
-    lever, final = report["comparisons"]
+    # One lever: its comparison is against the config as given, not repeated at the end.
+    (lever,) = report["comparisons"]
     assert (lever["candidate"], lever["incumbent"], lever["stage"]) == (
         "01-micro",
         "00-baseline",
         "micro",
     )
-    assert (final["candidate"], final["incumbent"], final["stage"]) == (
-        "01-micro",
-        "00-baseline",
-        "final",
-    )
-    for c in (lever, final):
-        assert c["decision"] == "kept" and 1.0 < c["low"] <= c["ratio"] <= c["high"]
-        assert c["rounds"] == len(c["ratios"]) >= 2 and c["line"]
-        roles = [b["name"].rsplit(".", 1)[1] for b in c["blocks"]]
-        assert roles[:5] == ["a0", "b1", "a1", "b2", "a2"] and len(roles) == 2 * c["rounds"] + 1
-        steps = {b["steps_completed"] for b in c["blocks"]}
-        # as many for both, more than the trials'
-        assert len(steps) == 1 and steps.pop() > trial_steps
-        for block in c["blocks"]:  # each a process of its own
-            assert block["status"] == "ok" and (Path(block["run_dir"]) / "summary.json").exists()
-        micro = {b["name"].rsplit(".", 1)[1][0]: b["micro_batch"] for b in c["blocks"]}
-        assert micro == {"a": 2, "b": 16}
-    assert report["winner"] == "01-micro" and report["speedup"] == final["ratio"]
+    assert lever["decision"] == "kept" and 1.0 < lever["low"] <= lever["ratio"] <= lever["high"]
+    assert lever["rounds"] == len(lever["ratios"]) >= 2 and lever["line"]
+    roles = [b["name"].rsplit(".", 1)[1] for b in lever["blocks"]]
+    assert roles[:5] == ["a0", "b1", "a1", "b2", "a2"] and len(roles) == 2 * lever["rounds"] + 1
+    steps = {b["steps_completed"] for b in lever["blocks"]}
+    # as many for both, more than the trials'
+    assert len(steps) == 1 and steps.pop() > trial_steps
+    for block in lever["blocks"]:  # each a process of its own
+        assert block["status"] == "ok" and (Path(block["run_dir"]) / "summary.json").exists()
+    micro = {b["name"].rsplit(".", 1)[1][0]: b["micro_batch"] for b in lever["blocks"]}
+    assert micro == {"a": 2, "b": 16}
+    assert report["winner"] == "01-micro" and report["speedup"] == lever["ratio"]
     (step,) = report["waterfall"]["steps"]
     assert (
         step["measured"]["ratio"] == lever["ratio"] and step["measured"]["comparison"] == "01-micro"

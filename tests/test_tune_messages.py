@@ -112,6 +112,38 @@ def test_a_trial_that_completes_no_step_is_called_hung_not_a_budget_too_small(
     assert (trial["status"], trial["failure"], trial["steps_completed"]) == ("failed", "hung", 0)
 
 
+def test_a_compiled_trial_the_budget_ends_in_its_first_step_was_compiling_not_hung(
+    job, tmp_path, capsys, monkeypatch
+):
+    # torch.compile's first step is its compiling (minutes in an autotuning mode): the same
+    # wait with compile on is the budget ending a compile, not a hang.
+    hanging = tmp_path / "hanging"
+    monkeypatch.setenv("TUNE_TEST_HANGING", str(hanging))
+    clock = BudgetWaitedOut(hanging, jump=40.0)
+    monkeypatch.setattr(trials, "time", clock)
+    read = trials.StepCount.read
+
+    def read_noting_ready(steps: trials.StepCount) -> None:
+        read(steps)
+        clock.ready = clock.ready or steps.ready is not None
+
+    monkeypatch.setattr(trials.StepCount, "read", read_noting_ready)
+    config = job("hangs")
+    config.write_text(config.read_text() + '\n[compile]\nmode = "default"\n')
+    out = tmp_path / "tune"
+    line = one_line_error(capsys, only_the_baseline(config, out, "40s"))
+    assert line.startswith("thrifty: error: --budget 40s is too small for even one trial: ")
+    assert ", still compiling (torch.compile's first step); give more time" in line
+    assert "hung" not in line
+    (trial,) = json.loads((out / "tune.json").read_text())["trials"]
+    assert (trial["status"], trial["failure"], trial["steps_completed"]) == (
+        "stopped",
+        "compiling",
+        0,
+    )
+    assert trial["error"].startswith("the budget ended it while compiling: default mode had ")
+
+
 def test_a_trial_killed_by_a_signal_names_the_signal(job, tmp_path, capsys):
     out = tmp_path / "tune"
     line = one_line_error(capsys, only_the_baseline(job("killed_by_sigkill"), out, "10m"))

@@ -242,6 +242,12 @@ def _print_winner(out: Console, result: TuneResult) -> None:
             f": {measured.describe()} the baseline's {unit}/s, re-measured over "
             f"{measured.rounds} alternating rounds"
         )
+    elif len(levers := result.outcome.levers) == 1 and levers[0].estimate is not None:
+        est = levers[0].estimate  # one lever: its comparison was against the config as given
+        text += (
+            f": {est.describe()} the baseline's {unit}/s, paired over {est.rounds} alternating "
+            "rounds"
+        )
     elif result.speedup is not None:
         text += f": {result.speedup:.2f}x the baseline's {unit}/s, by its levers' comparisons"
     out.print(escape(text), style="bold", soft_wrap=True)

@@ -4,20 +4,26 @@ in the seeds' order of impact, skipping what cannot win, within a budget.
 Stages (each only for the levers searched): workers (the measured count, when the config
 fixes one), precision, micro (the largest micro-batch that fits under each checkpointing
 policy, lightest first), compile (default, then max-autotune; on a CUDA GPU default,
-max-autotune without and with CUDA graphs, then CUDA graphs alone: reduce-overhead). Each
-candidate runs one short trial, a screening: on a machine whose throughput swings, one reading
-per setting cannot tell a gain from the swing. A stage's best trial, when it beats the incumbent (the best setting so
-far, at first the config as given) in its trial, is then compared with it in alternating runs
-(`thrifty.tuning.compare`), and it becomes the incumbent only when that paired comparison
-keeps it. The incumbent at the end, the winner, is re-measured against the config as given
-the same way; when it is not faster there, the config as given is the winner. The lowest cost
-per token at one price is the highest tokens per second (samples without tokens), so trials
-are ranked by throughput.
+max-autotune without and with CUDA graphs, then CUDA graphs alone: reduce-overhead), and last
+fp8, from the best setting so far, compiled where compile won (torchao's float8 pays only
+compiled). Each candidate runs one short trial, a screening: on a machine whose throughput
+swings, one reading per setting cannot tell a gain from the swing. A stage's best trial, when
+it beats the incumbent (the best setting so far, at first the config as given) in its trial,
+is then compared with it in alternating runs (`thrifty.tuning.compare`), and it becomes the
+incumbent only when that paired comparison keeps it. A winner two levers or more from the
+config as given is re-measured against it the same way at the end; when it is not faster
+there, the config as given is the winner (a winner one lever away was compared with the
+config as given itself). The lowest cost per token at one price is the highest tokens per
+second (samples without tokens), so trials are ranked by throughput.
 
 Pruned, because it cannot win:
   * fp16 once bf16 ran: the same tensor-core peak, plus loss scaling;
   * fp32 on a CUDA GPU once bf16 ran there: at most half bf16's tensor-core peak (TF32) and
     twice its activation memory (on a CPU bf16 may be emulated, so fp32 is measured);
+  * fp8 without torch.compile: torchao's float8 scales and casts each tensor in kernels of
+    its own, which compile fuses (uncompiled it was slower than bf16 at every size in
+    pytorch/ao#685, and 0.39x of bf16 for GPT-2 124M on an H200,
+    benchmarks/results/h200-run3-tune.log);
   * a micro-batch no larger than one that already fits under the same or a lighter policy:
     no larger batch for as much recompute or more;
   * a micro-batch at least as large as one that ran out of memory under the same policy;
@@ -27,15 +33,18 @@ Pruned, because it cannot win:
   * any other compile mode once the default compile mode failed (not for the budget).
 Kept only where its loss holds: an fp8 trial (bf16 with float8 linears) may become the
 incumbent only when the mean training loss of its last steps is within 0.01 nats of the bf16
-trial's, the same steps on the same data (`thrifty.levers.fp8.parity`); each check is one of
-the outcome's `checks` lines.
+trial's (of its own setting where one ran), the same steps on the same data
+(`thrifty.levers.fp8.parity`); each check is one of the outcome's `checks` lines.
 Not kept: a trial whose "auto" values resolved to what the incumbent runs (workers "auto"
 measured the count the config already fixes): a change of nothing, however fast its one
 reading was.
 Not reached: a candidate that needs more time than the budget has left (its estimate is the
-shortest finished trial like it; an autotuning mode's is twice the default mode's). Once a
-lever is kept, the time the winner's re-measurement needs is held back from the candidates' trials
-and the comparisons after it.
+shortest finished trial like it; an autotuning mode's MAX_AUTOTUNE_FACTOR times the default
+mode's, or longer than one that was still compiling when its time ran out). What is to come
+is held back from each candidate's time, and a trial is ended where that time begins: the
+paired comparison of the stage's leader (its best trial so far that beat the incumbent), and
+the winner's re-measurement where it will have one. A measured gain is never left
+unconfirmed for a candidate that might have beaten it.
 """
 
 from __future__ import annotations
@@ -50,8 +59,11 @@ from thrifty.tuning.compare import FINAL, Comparison, needed, run_rounds
 from thrifty.tuning.space import AUTO, AUTOTUNE_MODES, Setting, Space, policy_rank
 from thrifty.tuning.trials import Candidate, Runner, Trial
 
-STAGES = ("workers", "precision", "micro", "compile")
-MAX_AUTOTUNE_FACTOR = 2.0  # its autotuning compiles for longer than the default mode
+STAGES = ("workers", "precision", "micro", "compile", "fp8")
+# An autotuning mode compiles for far longer than the default one: on an H200, GPT-2 124M's
+# max-autotune-no-cudagraphs trial had not finished compiling after 159 s where the default
+# mode's whole trial took 44 s (benchmarks/results/h200-run3-tune.log).
+MAX_AUTOTUNE_FACTOR = 4.0
 # A heavier checkpointing policy is tried unless the micro-batch it needs is this much above
 # the size it is predicted to fit: on the demo model's activations, counted for real, the size
 # predicted needed 98-99.5% of the memory allowed (tests/test_activation_checkpointing.py); a
@@ -178,7 +190,9 @@ class Search:
         if stage == "workers" and space.searches("workers") and self.baseline.num_workers != AUTO:
             options = [s.with_(num_workers=AUTO)]
         elif stage == "precision":
-            options = [s.with_(precision=p) for p in space.precisions]
+            options = [s.with_(precision=p) for p in space.precisions if p != "fp8"]
+        elif stage == "fp8" and "fp8" in space.precisions:
+            options = [s.with_(precision="fp8")]
         elif stage == "micro":
             policies = space.policies or (s.checkpointing,)
             micros = space.micros or (s.micro,)
@@ -202,20 +216,26 @@ class Search:
             self.outcome.skipped.append(Skipped(stage, setting, "pruned", why))
             return
         left = self._left(self.outcome.winner)
+        leader = self._leader(stage)
+        if leader is not None:  # its comparison, and the re-measurement were it kept, come first
+            left = min(left, self._left(leader) - needed(self._against_incumbent(stage, leader)))
         need = self._estimate(setting)
         if left <= 0 or left < need:
-            reason = (
-                "the budget ran out"
-                if left <= 0
-                else f"needs about {need:.0f} s, {left:.0f} s left"
-            )
+            if left <= 0:
+                reason = "the budget ran out"
+            else:
+                reason = f"needs about {need:.0f} s, {left:.0f} s left"
+            if leader is not None:
+                reason += f" once {leader.name}'s comparison is held back"
             self.outcome.skipped.append(Skipped(stage, setting, "not reached", reason))
             return
-        self._trial(stage, setting)
+        # Ended where the time held back begins, however long its compiling takes.
+        self._trial(stage, setting, self.clock() + left)
 
-    def _trial(self, stage: str, setting: Setting) -> Trial:
+    def _trial(self, stage: str, setting: Setting, deadline: float | None = None) -> Trial:
         name = f"{len(self.outcome.trials):02d}-{stage}"  # the table shows what it sets
-        trial = self.runner(Candidate(name, stage, setting), self.deadline)
+        ends = self.deadline if deadline is None else deadline
+        trial = self.runner(Candidate(name, stage, setting), ends)
         self.outcome.trials.append(trial)
         self.on_trial(trial)
         return trial
@@ -226,29 +246,55 @@ class Search:
         """Make the stage's best trial the incumbent: at once when there is none (the config
         as given did not finish), else when it beat the incumbent in its trial and then in
         the paired comparison."""
-        unit = self.outcome.unit
         finished = [t for t in self.outcome.trials if t.ok and t.stage == stage]
-        finished = [t for t in finished if self._loss_holds(t)]
-        if not finished:
+        best = self._best([t for t in finished if self._loss_holds(t)])
+        if best is None:
             return
-        best = max(finished, key=lambda t: t.rate(unit) or 0.0)
         path = self.outcome.path
-        if path and best.resolved == path[-1].resolved:
-            return  # its "auto" chose what the incumbent runs: no lever, only the noise
-        if path and (best.rate(unit) or 0.0) <= (path[-1].rate(unit) or 0.0):
-            return  # it did not beat the incumbent even once
-        if not path or self._compare(self._comparison(stage, path[-1], best), best).kept:
+        if not path or self._compare(self._against_incumbent(stage, best), best).kept:
             path.append(best)
+
+    def _leader(self, stage: str) -> Trial | None:
+        """The stage's best trial so far, where it beat the incumbent in its trial (its
+        comparison is still to come); None when none did, or without an incumbent."""
+        if not self.outcome.path:
+            return None
+        return self._best([t for t in self.outcome.trials if t.ok and t.stage == stage])
+
+    def _best(self, finished: list[Trial]) -> Trial | None:
+        """The fastest of `finished` where, against the incumbent, it is a lever: it changed
+        something ("auto" may choose what the incumbent runs: only noise) and beat the
+        incumbent's trial. Without an incumbent, the fastest."""
+        unit, path = self.outcome.unit, self.outcome.path
+        if not finished:
+            return None
+        best = max(finished, key=lambda t: t.rate(unit) or 0.0)
+        if path and best.resolved == path[-1].resolved:
+            return None
+        if path and (best.rate(unit) or 0.0) <= (path[-1].rate(unit) or 0.0):
+            return None
+        return best
+
+    def _against_incumbent(self, stage: str, candidate: Trial) -> Comparison:
+        return self._comparison(stage, self.outcome.path[-1], candidate)
 
     def _loss_holds(self, t: Trial) -> bool:
         """An fp8 trial's loss against the bf16 trial's over the same steps (its check is
         recorded); any other precision holds."""
         if t.resolved.precision != "fp8":
             return True
-        same_steps = [r for r in self.outcome.trials if r.steps_completed == t.steps_completed]
+        same_steps = [
+            r
+            for r in self.outcome.trials
+            if r.steps_completed == t.steps_completed
+            and r.ok
+            and r.resolved.precision == "bf16"
+            and r.last_losses
+        ]
+        # The bf16 run of its very setting (compiled where it is) first.
         ref = next(
-            (r for r in same_steps if r.ok and r.resolved.precision == "bf16" and r.last_losses),
-            None,
+            (r for r in same_steps if _same_except(r.resolved, t.resolved, "precision")),
+            next(iter(same_steps), None),
         )
         if ref is None or ref.last_losses is None or not t.last_losses:
             self.outcome.checks.append(
@@ -262,10 +308,21 @@ class Search:
         return check.ok
 
     def _remeasure(self) -> None:
-        """The winner against the config as given, paired, when a lever was kept."""
+        """The winner against the config as given, paired, when it is levers away from it."""
         path = self.outcome.path
-        if len(path) > 1 and path[0] is self.outcome.baseline:
+        if path and self._remeasures(path[-1]):
             self._compare(self._comparison(FINAL, path[0], path[-1]), None)
+
+    def _remeasures(self, winner: Trial) -> bool:
+        """`winner` (the incumbent, or a candidate were it kept) is re-measured against the
+        config as given at the end: where two levers or more lie between them. One lever's
+        own comparison was against the config as given: measuring that pair again would
+        spend the time of a comparison to repeat one."""
+        path, base = self.outcome.path, self.outcome.baseline
+        if base is None or not base.ok or not path or path[0] is not base:
+            return False
+        levers = next((i for i, t in enumerate(path) if t is winner), len(path))
+        return levers >= 2
 
     def _comparison(self, stage: str, incumbent: Trial, candidate: Trial) -> Comparison:
         return Comparison(
@@ -294,12 +351,11 @@ class Search:
 
     def _left(self, winner: Trial | None) -> float:
         """Seconds left, less what the re-measurement of `winner` against the config as given
-        needs (none for the config as given itself, or for None)."""
+        needs where it has one (`_remeasures`; None: none)."""
         left = self.deadline - self.clock()
-        base = self.outcome.baseline
-        if winner is None or base is None or not base.ok or winner is base:
+        if winner is None or not self._remeasures(winner):
             return left
-        return left - needed(self._comparison(FINAL, base, winner))
+        return left - needed(self._comparison(FINAL, self.outcome.path[0], winner))
 
     # --- what cannot win, and what does not fit in the budget -------------------------------
 
@@ -314,6 +370,11 @@ class Search:
                     "fp32 runs at half bf16's tensor-core peak at best (TF32), with twice the "
                     f"activation memory: it cannot beat {bf16.name}"
                 )
+        if stage == "fp8" and s.compile == "off":
+            return (
+                "fp8 without torch.compile cannot beat bf16: torchao's float8 scales and casts "
+                "each tensor in kernels of their own, which compile fuses"
+            )
         if stage == "micro":
             return self._micro_pruned(s)
         if stage == "compile" and s.compile not in ("off", "default"):
@@ -347,23 +408,31 @@ class Search:
 
     def _estimate(self, s: Setting) -> float:
         """Seconds the trial needs at least: the shortest finished trial like it."""
-        done = [t for t in self.outcome.trials if t.status != "stopped"]
+        trials = self.outcome.trials
+        done = [t for t in trials if t.status != "stopped"]
         like = [t for t in done if t.setting.compile == s.compile]
         like = [t for t in like if t.ok] or like
         if like:
             return min(t.wall_seconds for t in like)
-        if s.compile in AUTOTUNE_MODES:
-            default = [t.wall_seconds for t in done if t.ok and t.setting.compile == "default"]
-            if default:
-                return MAX_AUTOTUNE_FACTOR * min(default)
-        return min((t.wall_seconds for t in done), default=0.0)
+        estimate = min((t.wall_seconds for t in done), default=0.0)
+        if s.compile not in AUTOTUNE_MODES:
+            return estimate
+        default = [t.wall_seconds for t in done if t.ok and t.setting.compile == "default"]
+        if default:
+            estimate = MAX_AUTOTUNE_FACTOR * min(default)
+        # An autotuning mode still compiling when its time ran out: another autotunes as long,
+        # and then trains.
+        compiling = [
+            t.wall_seconds + min(default, default=0.0) for t in trials if t.failure == "compiling"
+        ]
+        return max([estimate, *compiling])
 
 
 def changed_values(stage: str, s: Setting) -> str:
     """What `stage` varies, as `s` sets it."""
     if stage == "workers":
         return f"workers {s.num_workers}"
-    if stage == "precision":
+    if stage in ("precision", "fp8"):
         return f"precision {s.precision}"
     if stage == "compile":
         return f"compile {s.compile}"

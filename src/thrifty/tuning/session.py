@@ -378,9 +378,11 @@ _HEADER = (
 
 def _progress(trial: Trial) -> str:
     """How far a trial the budget stopped had come (one that was ready to train and completed
-    no step is hung, not stopped)."""
+    no step is hung, not stopped, unless it was compiling)."""
     if trial.steps_completed is None:
         return ""
+    if trial.failure == "compiling":
+        return ", still compiling (torch.compile's first step)"
     if trial.steps_completed == 0:
         return ", before it started training"
     return f", {trial.steps_completed} step(s) in"
@@ -406,7 +408,7 @@ def failure(result: TuneResult) -> str | None:
             f"step takes that long, give more time ({plan.option('--budget')})"
         )
     at_one = next((t for t in trials if t.out_of_memory_at_one), None)
-    if at_one is not None and all(t.failure in ("oom", "budget") for t in trials):
+    if at_one is not None and all(t.failure in ("oom", "budget", "compiling") for t in trials):
         return (
             f"every trial ran out of memory, even at micro-batch 1: {at_one.error} (logs in "
             f"{plan.out / 'trials'})"

@@ -9,8 +9,11 @@ out of them. Peak memory is the CUDA peak allocated the run reports or, on a CPU
 resident set of the trial's main process (VmHWM in /proc/PID/status, read while it runs).
 
 A trial the budget ends is "stopped"; one that was ready to train (torch and the Trainer
-imported: a budget too small ends a trial before) and completed no step by then is "hung". A trial ends with the tune: a signal to the tune ends
-it (`Interrupted`), and so does the tune's death (the tether of `thrifty.children`).
+imported: a budget too small ends a trial before) and completed no step by then is "hung",
+unless it compiles: torch.compile's first step is its compiling, which an autotuning mode
+spends minutes on, so that trial was stopped while compiling. A trial ends with the tune: a
+signal to the tune ends it (`Interrupted`), and so does the tune's death (the tether of
+`thrifty.children`).
 """
 
 from __future__ import annotations
@@ -69,7 +72,9 @@ class Trial:
 
     `status`: ok, failed, or stopped (by the budget). `failure`: oom, bad_input (the run
     refused its config), crash, killed (by a signal not from the tune), hung (no step
-    completed), or budget. `steps_completed`: the optimizer steps it completed. Rates are per second over the steady-state steps;
+    completed), budget, or compiling (the budget ended it in its first, compiling, step).
+    `steps_completed`: the optimizer steps it completed. Rates are per second over the
+    steady-state steps;
     `peak_memory_bytes` comes from `peak_memory_source`: "cuda" (peak allocated) or "rss"
     (the process's peak resident set). `last_losses`: the training loss of the last steps
     (what the FP8 parity check compares). `micro_batch`, `num_workers` and `precision` are the
@@ -252,6 +257,23 @@ def hung(candidate: Candidate, wall_seconds: float, run_dir: Path, ready: float)
     )
 
 
+def still_compiling(
+    candidate: Candidate, wall_seconds: float, run_dir: Path, ready: float
+) -> Trial:
+    """A compiled trial the budget ended before its first step: `ready` seconds of compiling
+    (the first step's) were not enough."""
+    return Trial(
+        **_base(candidate, wall_seconds, run_dir),
+        status="stopped",
+        failure="compiling",
+        error=(
+            f"the budget ended it while compiling: {candidate.setting.compile} mode had "
+            f"completed no step {ready:.0f} s after it started"
+        ),
+        steps_completed=0,
+    )
+
+
 def killed(
     candidate: Candidate, wall_seconds: float, run_dir: Path, signum: int, error: str | None
 ) -> Trial:
@@ -385,7 +407,10 @@ class ChildTrials:
         run_dir, wall = self.run_dir(candidate), child.elapsed
         if code is None:
             if steps.count == 0 and steps.ready is not None:
-                return hung(candidate, wall, run_dir, time.monotonic() - steps.ready)
+                ready = time.monotonic() - steps.ready
+                if candidate.setting.compile != "off":
+                    return still_compiling(candidate, wall, run_dir, ready)
+                return hung(candidate, wall, run_dir, ready)
             return stopped(candidate, wall, run_dir, steps.count)
         if code < 0:
             return killed(candidate, wall, run_dir, -code, error_in(child.log))

@@ -23,9 +23,10 @@ from thrifty.tuning.pricing import Job, Price, spot_plan
 from thrifty.tuning.search import Outcome
 from thrifty.tuning.trials import Trial
 
-# The planner's name for each stage's lever.
+# The planner's name for each stage's lever (FP8 is a precision, tried once compile ran).
 LEVER_NAMES = {
     "precision": "precision",
+    "fp8": "precision",
     "micro": "larger micro-batch",
     "compile": "torch.compile",
     "workers": "data loading",
@@ -113,11 +114,15 @@ def _measured(
         if est is None:  # a kept comparison always has one
             continue
         name = LEVER_NAMES[c.stage]
-        speedups[c.stage] = est.ratio
-        details[name] = (
+        stage = "precision" if c.stage == "fp8" else c.stage
+        speedups[stage] = speedups.get(stage, 1.0) * est.ratio
+        detail = (
             f"{change(c.incumbent, c.candidate)}: {est.describe()} {unit}/s "
             f"(paired, {est.rounds} rounds)"
         )
+        # A precision kept twice (fp32 -> bf16, then bf16 -> fp8): both details, the ratios'
+        # product, the figures of the last.
+        details[name] = f"{details[name]}; {detail}" if name in details else detail
         figures[name] = {**est.to_dict(), "comparison": c.name}
     return speedups, details, figures
 
@@ -127,7 +132,7 @@ def change(before: Trial, after: Trial) -> str:
     a, b = before.resolved, after.resolved
     if after.stage == "workers":
         return f"num_workers {a.num_workers} -> {b.num_workers}"
-    if after.stage == "precision":
+    if after.stage in ("precision", "fp8"):
         return f"{a.precision} -> {b.precision}"
     if after.stage == "compile":
         return f"compile {a.compile} -> {b.compile}"
