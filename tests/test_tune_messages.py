@@ -84,12 +84,8 @@ class BudgetWaitedOut:
         return getattr(time, name)
 
 
-def test_a_trial_that_completes_no_step_is_called_hung_not_a_budget_too_small(
-    job, tmp_path, capsys, monkeypatch
-):
-    # The budget ends the hanging trial at its deadline. Rather than wait out its 40 s (which
-    # must leave a busy machine time to get the trial ready), the trials' clock jumps 40 s
-    # once the trial is ready and hangs: the tune then ends it as its budget would have.
+def wait_out_a_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `hangs` model's trials waited out to a 40 s budget's deadline (`BudgetWaitedOut`)."""
     hanging = tmp_path / "hanging"
     monkeypatch.setenv("TUNE_TEST_HANGING", str(hanging))
     clock = BudgetWaitedOut(hanging, jump=40.0)
@@ -101,6 +97,15 @@ def test_a_trial_that_completes_no_step_is_called_hung_not_a_budget_too_small(
         clock.ready = clock.ready or steps.ready is not None
 
     monkeypatch.setattr(trials.StepCount, "read", read_noting_ready)
+
+
+def test_a_trial_that_completes_no_step_is_called_hung_not_a_budget_too_small(
+    job, tmp_path, capsys, monkeypatch
+):
+    # The budget ends the hanging trial at its deadline. Rather than wait out its 40 s (which
+    # must leave a busy machine time to get the trial ready), the trials' clock jumps 40 s
+    # once the trial is ready and hangs: the tune then ends it as its budget would have.
+    wait_out_a_hang(tmp_path, monkeypatch)
     out = tmp_path / "tune"
     line = one_line_error(capsys, only_the_baseline(job("hangs"), out, "40s"))
     assert line.startswith(
@@ -117,17 +122,7 @@ def test_a_compiled_trial_the_budget_ends_in_its_first_step_was_compiling_not_hu
 ):
     # torch.compile's first step is its compiling (minutes in an autotuning mode): the same
     # wait with compile on is the budget ending a compile, not a hang.
-    hanging = tmp_path / "hanging"
-    monkeypatch.setenv("TUNE_TEST_HANGING", str(hanging))
-    clock = BudgetWaitedOut(hanging, jump=40.0)
-    monkeypatch.setattr(trials, "time", clock)
-    read = trials.StepCount.read
-
-    def read_noting_ready(steps: trials.StepCount) -> None:
-        read(steps)
-        clock.ready = clock.ready or steps.ready is not None
-
-    monkeypatch.setattr(trials.StepCount, "read", read_noting_ready)
+    wait_out_a_hang(tmp_path, monkeypatch)
     config = job("hangs")
     config.write_text(config.read_text() + '\n[compile]\nmode = "default"\n')
     out = tmp_path / "tune"
