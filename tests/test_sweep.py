@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -261,6 +262,53 @@ def test_a_trial_killed_from_outside_the_sweep_resumes_from_its_checkpoint_not_f
     assert study_states(out) == {0: "COMPLETE"}
     (done,) = record(out)["trials"]
     assert done["state"] == "complete" and done["curve"][-1][0] == 200
+
+
+def test_a_worker_whose_lease_lapsed_stops_the_trial_another_took_up_and_tells_optuna_nothing(
+    tmp_path: Path, here, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This worker's renewals stalled past its lease (a database gone for a minute); another
+    worker requeued the trial and took it up. At its next renewal this worker stops its run
+    (it saves) instead of training the trial alongside the other and telling its outcome."""
+    from thrifty.sweeps import study as study_module
+    from thrifty.sweeps.study import LEASE_KEY, lease
+    from thrifty.sweeps.trial import requeue
+
+    monkeypatch.setattr(study_module, "LEASE_SECONDS", 1.2)  # renewals every 0.2 s
+    config, space = write_inputs(tmp_path, steps=400)
+    out = tmp_path / "sweep"
+    trial = out / "trials" / "0000"
+    theirs = {**lease(time.time()), "until": time.time() + 3600}  # alive, and not ours
+
+    def the_other_worker() -> None:
+        deadline = time.monotonic() + 120
+        while newest_checkpoint_step(trial) < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        storage = optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(out / "study.journal"))
+        )
+        study = optuna.load_study(study_name=out.name, storage=storage)
+        (running,) = study.get_trials(deepcopy=False)
+        requeue(storage, running._trial_id)
+        assert study.ask().number == 0
+        storage.set_trial_user_attr(running._trial_id, LEASE_KEY, theirs)
+
+    other = threading.Thread(target=the_other_worker)
+    other.start()
+    code, _, err = here(sweep_command(config, space, out, "--trials", "1"))
+    other.join()
+    assert code == 0, err
+    assert "trial 0: another worker took it up after its lease lapsed: its run here stops" in err
+    assert "trial 0: taken (another worker took it up after this one's lease lapsed" in err
+    assert "complete" not in err and "failed" not in err
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(out / "study.journal"))
+    )
+    (frozen,) = optuna.load_study(study_name=out.name, storage=storage).get_trials()
+    assert frozen.state.name == "RUNNING" and frozen.value is None  # the other's to tell
+    assert frozen.user_attrs[LEASE_KEY] == theirs  # never written over
+    log = (trial / "train.log").read_text()
+    assert "checkpoint step" in log and newest_checkpoint_step(trial) < 400  # stopped, saved
 
 
 def test_two_processes_share_one_sweeps_journal_and_it_records_every_trial_and_writes_best_toml(

@@ -15,6 +15,11 @@ How a trial ends, for Optuna:
   signals on) or killed while the sweep stopped: back in the queue (WAITING), resumed from its
   own checkpoint by the next worker to ask;
 - anything else (the config refused, a crash): FAILED, with the run's first error line.
+A worker whose lease lapsed (the study's storage unanswered for a lease's length) and whose
+trial another worker then took up stops its run (SIGTERM: it saves) and tells Optuna nothing:
+the trial is the other worker's. Each renewal checks the lease is still this worker's first,
+so the two run it together for a renewal's interval at most; a renewal that fails is said
+once, and so is the renewal that works again.
 """
 
 from __future__ import annotations
@@ -76,23 +81,35 @@ class Leases:
     """The leases this process holds (see `thrifty.sweeps.study`), renewed by one thread."""
 
     def __init__(self) -> None:
-        self.held: dict[int, float] = {}  # trial id -> when this session of it began
+        self.held: dict[int, tuple[float, int]] = {}  # trial id -> (session began, number)
+        self.lost: set[int] = set()  # trial ids another worker took up: their runs stop
+        self.failing: set[int] = set()  # trial ids whose last renewal failed
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self.stop = threading.Event()
 
-    def hold(self, storage: Any, trial_id: int) -> None:
+    def hold(self, storage: Any, trial_id: int, number: int) -> None:
         since = time.time()
         storage.set_trial_user_attr(trial_id, LEASE_KEY, lease(since))
         with self.lock:
-            self.held[trial_id] = since
+            self.held[trial_id] = (since, number)
             if self.thread is None:
                 self.thread = threading.Thread(target=self._renew, args=(storage,), daemon=True)
                 self.thread.start()
 
-    def release(self, trial_id: int) -> None:
+    def holds(self, trial_id: int) -> bool:
+        """Whether the trial is still this worker's: no other worker took it up."""
+        with self.lock:
+            return trial_id not in self.lost
+
+    def release(self, trial_id: int) -> bool:
+        """Stop renewing; whether the lease was this worker's to the end."""
         with self.lock:
             self.held.pop(trial_id, None)
+            self.failing.discard(trial_id)
+            kept = trial_id not in self.lost
+            self.lost.discard(trial_id)
+            return kept
 
     def _renew(self, storage: Any) -> None:
         from thrifty.sweeps.study import LEASE_SECONDS
@@ -100,11 +117,49 @@ class Leases:
         while not self.stop.wait(LEASE_SECONDS / 6):
             with self.lock:
                 held = list(self.held.items())
-            for trial_id, since in held:
-                try:
-                    storage.set_trial_user_attr(trial_id, LEASE_KEY, lease(since))
-                except Exception:  # a finished trial, a storage blip: the next round retries
-                    pass
+            for trial_id, (since, number) in held:
+                self.renew(storage, trial_id, since, number)
+
+    def renew(self, storage: Any, trial_id: int, since: float, number: int) -> None:
+        """Renew one lease, once it is checked to be still this worker's (a trial put back in
+        the queue, or leased by another, is lost: its run stops)."""
+        from thrifty.sweeps.study import LEASE_SECONDS
+
+        try:
+            frozen = storage.get_trial(trial_id)
+            mine = _is_mine(frozen.user_attrs.get(LEASE_KEY), since)
+            if frozen.state != TrialState.RUNNING or not mine:
+                with self.lock:
+                    if trial_id in self.held:  # not released (told its end) meanwhile
+                        del self.held[trial_id]
+                        self.lost.add(trial_id)
+                        say("sweep", f"trial {number}: another worker took it up after its "
+                            "lease lapsed: its run here stops")  # fmt: skip
+                return
+            storage.set_trial_user_attr(trial_id, LEASE_KEY, lease(since))
+        except Exception as exc:  # a storage blip: said once, the next round retries
+            with self.lock:
+                first = trial_id in self.held and trial_id not in self.failing
+                self.failing.add(trial_id)
+            if first:
+                say("sweep", f"trial {number}: its lease could not be renewed "
+                    f"({type(exc).__name__}): the study's storage is not answering; "
+                    f"{LEASE_SECONDS:.0f} s after the last renewal another worker may take "
+                    "the trial up")  # fmt: skip
+            return
+        with self.lock:
+            recovered = trial_id in self.failing
+            self.failing.discard(trial_id)
+        if recovered:
+            say("sweep", f"trial {number}: its lease renewed again")
+
+
+def _is_mine(held: Any, since: float) -> bool:
+    """Whether `held` is the lease this process wrote for the session that began at `since`."""
+    if not isinstance(held, dict):
+        return False
+    mine = lease(since)
+    return all(held.get(key) == mine[key] for key in ("host", "pid", "started", "since"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +198,7 @@ def run_trial(
     out = run_dir(setup.out, trial.number)
     out.mkdir(parents=True, exist_ok=True)
     trial.set_user_attr(RUN_DIR_KEY, str(out))
-    setup.leases.hold(storage, trial_id)
+    setup.leases.hold(storage, trial_id, trial.number)
     child_read, parent_write = os.pipe()  # the sweep's answers
     parent_read, child_write = os.pipe()  # the run's reports
     progress = os.open(os.devnull, os.O_WRONLY)
@@ -171,7 +226,13 @@ def run_trial(
         if child is None:
             for fd in (child_read, child_write, progress):
                 os.close(fd)
-        setup.leases.release(trial_id)
+        kept = setup.leases.release(trial_id)
+    if not kept:  # another worker's now: its seconds, its facts, its outcome
+        return Ended(
+            trial.number,
+            "taken",
+            f"another worker took it up after this one's lease lapsed; this run's saves stay in {out}",
+        )
     _add_seconds(storage, trial, child.elapsed)
     trial.set_user_attr(FACTS_KEY, run_facts(out))
     return _finish(setup, study, trial, out, child, code, paused, stopped)
@@ -197,7 +258,7 @@ def _serve(
         if code is not None:
             child.wait()
             return code, paused, signalled
-        if stopping.is_set() and not signalled:
+        if (stopping.is_set() or not setup.leases.holds(trial._trial_id)) and not signalled:
             signalled = True
             try:
                 os.killpg(child.proc.pid, signal.SIGTERM)
