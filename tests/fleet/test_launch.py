@@ -280,7 +280,7 @@ def test_an_unknown_gpu_lists_the_catalogs(project, capsys):
     assert "H100-SXM" in err and "A100-SXM4-40GB" in err and "MI300X" in err
 
 
-@pytest.mark.parametrize("gpus", ["H100:0", "H100:x", "H100:-1", ":8"])
+@pytest.mark.parametrize("gpus", ["H100:0", "H100:x", "H100:-1", ":8", "H100:99999999999999999999"])
 def test_a_malformed_gpu_request_is_one_line(project, capsys, gpus):
     err = one_line(capsys, "--gpus", gpus, "--dry-run")
     assert f"--gpus {gpus!r} is invalid" in err and "e.g. H100:8" in err

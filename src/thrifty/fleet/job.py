@@ -33,6 +33,11 @@ STORAGE_EXTRAS = {"s3": "s3", "gs": "gcs", "gcs": "gcs"}
 _GPUS = re.compile(r"^\s*([A-Za-z0-9][\w.-]*)\s*(?::\s*(\S+))?\s*$")
 
 
+# The most GPUs one node holds: 8 on an HGX board, 16 on the largest cloud machines (GCP's
+# a2-megagpu-16g).
+MAX_GPUS_PER_NODE = 16
+
+
 @dataclass(frozen=True, slots=True)
 class GpuRequest:
     """`--gpus NAME:COUNT`: a catalog GPU (`name`, canonical) and how many per node."""
@@ -55,8 +60,11 @@ def parse_gpus(text: str, known: Sequence[str], resolve: object) -> GpuRequest:
             f"--gpus {text!r} is invalid: give GPU:COUNT, the GPUs of one node, e.g. H100:8"
         )
     count = 1 if count_text is None else int(count_text)
-    if count < 1:
-        raise ConfigError(f"--gpus {text!r} is invalid: the count must be 1 or more, e.g. H100:8")
+    if not 1 <= count <= MAX_GPUS_PER_NODE:
+        raise ConfigError(
+            f"--gpus {text!r} is invalid: the count is the GPUs of one node, 1 to "
+            f"{MAX_GPUS_PER_NODE}, e.g. H100:8 (use --nodes for more)"
+        )
     name = match.group(1)
     try:
         gpu = resolve(name)  # type: ignore[operator]
