@@ -33,7 +33,7 @@ from thrifty.tuning.space import (
     build_space,
     hardware_precisions,
 )
-from thrifty.tuning.trials import Candidate, failed, from_summary, hung
+from thrifty.tuning.trials import Candidate, failed, from_summary, no_step
 
 # --------------------------------------------------------------------------------------------
 # FP8: where it runs, what it converts, and the parity check
@@ -433,7 +433,7 @@ def test_a_paired_run_the_budget_ended_leaves_the_comparison_open_not_failed():
         trial("03-compile.a0", a, 100.0),
         trial("03-compile.b1", b, 135.0),
         trial("03-compile.a1", a, 101.0),
-        hung(Candidate("03-compile.b2", "compile", b), 13.0, Path("b2"), ready=9.0),
+        no_step(Candidate("03-compile.b2", "compile", b), 13.0, Path("b2"), ready=9.0),
     ]
     conclude(c)
     assert c.decision == NOT_RUN

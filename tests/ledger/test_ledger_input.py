@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
@@ -39,10 +40,16 @@ def test_a_malformed_since_and_a_since_after_every_run_are_one_line(team, capsys
     assert code == 2 and "started on or after 2999-01-01: give an earlier --since" in err
 
 
-def test_a_damaged_summary_is_skipped_and_said_while_the_rest_are_counted(team, tmp_path, capsys):
+def a_plain_run_and_one_to_damage(team, tmp_path: Path) -> Path:
+    """A folder of runs: the team's plain run, and its forecast run as `damaged/`."""
     runs = tmp_path / "runs"
     shutil.copytree(team.root / "plain", runs / "plain")
     shutil.copytree(team.root / "forecast", runs / "damaged")
+    return runs
+
+
+def test_a_damaged_summary_is_skipped_and_said_while_the_rest_are_counted(team, tmp_path, capsys):
+    runs = a_plain_run_and_one_to_damage(team, tmp_path)
     (runs / "damaged/summary.json").write_text('{"steps": 90, "stop_rea')
     code, out, err = cli(capsys, str(runs), "--json")
     assert code == 0
@@ -57,9 +64,7 @@ def test_a_damaged_summary_is_skipped_and_said_while_the_rest_are_counted(team, 
 def test_a_summary_whose_steps_are_not_a_count_is_skipped_in_one_line(
     team, tmp_path, capsys, steps
 ):
-    runs = tmp_path / "runs"
-    shutil.copytree(team.root / "plain", runs / "plain")
-    shutil.copytree(team.root / "forecast", runs / "damaged")
+    runs = a_plain_run_and_one_to_damage(team, tmp_path)
     summary = runs / "damaged/summary.json"
     data = json.loads(summary.read_text())
     summary.write_text(json.dumps({**data, "steps": "@"}).replace('"@"', steps))

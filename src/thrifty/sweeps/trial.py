@@ -130,11 +130,12 @@ class Leases:
             mine = _is_mine(frozen.user_attrs.get(LEASE_KEY), since)
             if frozen.state != TrialState.RUNNING or not mine:
                 with self.lock:
-                    if trial_id in self.held:  # not released (told its end) meanwhile
-                        del self.held[trial_id]
+                    lost = self.held.pop(trial_id, None) is not None  # not released meanwhile
+                    if lost:
                         self.lost.add(trial_id)
-                        say("sweep", f"trial {number}: another worker took it up after its "
-                            "lease lapsed: its run here stops")  # fmt: skip
+                if lost:
+                    say("sweep", f"trial {number}: another worker took it up after its lease "
+                        "lapsed: its run here stops")  # fmt: skip
                 return
             storage.set_trial_user_attr(trial_id, LEASE_KEY, lease(since))
         except Exception as exc:  # a storage blip: said once, the next round retries

@@ -60,6 +60,13 @@ from thrifty.tuning.space import AUTO, AUTOTUNE_MODES, Setting, Space, policy_ra
 from thrifty.tuning.trials import Candidate, Runner, Trial
 
 STAGES = ("workers", "precision", "micro", "compile", "fp8")
+
+
+def lever_of(stage: str) -> str:
+    """The lever a stage changes: fp8's is precision, tried apart once compile ran."""
+    return "precision" if stage == "fp8" else stage
+
+
 # An autotuning mode compiles for far longer than the default one: on an H200, GPT-2 124M's
 # max-autotune-no-cudagraphs trial had not finished compiling after 159 s where the default
 # mode's whole trial took 44 s (benchmarks/results/h200-run3-tune.log).
@@ -432,7 +439,7 @@ def changed_values(stage: str, s: Setting) -> str:
     """What `stage` varies, as `s` sets it."""
     if stage == "workers":
         return f"workers {s.num_workers}"
-    if stage in ("precision", "fp8"):
+    if lever_of(stage) == "precision":
         return f"precision {s.precision}"
     if stage == "compile":
         return f"compile {s.compile}"

@@ -245,31 +245,21 @@ def stopped(
     )
 
 
-def hung(candidate: Candidate, wall_seconds: float, run_dir: Path, ready: float) -> Trial:
+def no_step(candidate: Candidate, wall_seconds: float, run_dir: Path, ready: float) -> Trial:
     """A trial that was ready to train `ready` seconds before the budget ended it and
-    completed no step in that time."""
+    completed no step in that time: stopped while compiling where it compiles (its first
+    step is torch.compile's compiling), else hung."""
+    mode = candidate.setting.compile
+    if mode != "off":
+        status, failure = "stopped", "compiling"
+        error = f"the budget ended it while compiling: {mode} mode had completed no step"
+    else:
+        status, failure, error = "failed", "hung", "hung: no step completed in"
     return Trial(
         **_base(candidate, wall_seconds, run_dir),
-        status="failed",
-        failure="hung",
-        error=f"hung: no step completed in {ready:.0f} s after it started",
-        steps_completed=0,
-    )
-
-
-def still_compiling(
-    candidate: Candidate, wall_seconds: float, run_dir: Path, ready: float
-) -> Trial:
-    """A compiled trial the budget ended before its first step: `ready` seconds of compiling
-    (the first step's) were not enough."""
-    return Trial(
-        **_base(candidate, wall_seconds, run_dir),
-        status="stopped",
-        failure="compiling",
-        error=(
-            f"the budget ended it while compiling: {candidate.setting.compile} mode had "
-            f"completed no step {ready:.0f} s after it started"
-        ),
+        status=status,
+        failure=failure,
+        error=f"{error} {ready:.0f} s after it started",
         steps_completed=0,
     )
 
@@ -407,10 +397,7 @@ class ChildTrials:
         run_dir, wall = self.run_dir(candidate), child.elapsed
         if code is None:
             if steps.count == 0 and steps.ready is not None:
-                ready = time.monotonic() - steps.ready
-                if candidate.setting.compile != "off":
-                    return still_compiling(candidate, wall, run_dir, ready)
-                return hung(candidate, wall, run_dir, ready)
+                return no_step(candidate, wall, run_dir, time.monotonic() - steps.ready)
             return stopped(candidate, wall, run_dir, steps.count)
         if code < 0:
             return killed(candidate, wall, run_dir, -code, error_in(child.log))

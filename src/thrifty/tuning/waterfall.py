@@ -20,13 +20,12 @@ from thrifty.plan.levers import LeverInputs, LeverPlan, LeverStep, apply_levers
 from thrifty.plan.spot import SpotPlan
 from thrifty.tuning.compare import Comparison
 from thrifty.tuning.pricing import Job, Price, spot_plan
-from thrifty.tuning.search import Outcome
+from thrifty.tuning.search import Outcome, lever_of
 from thrifty.tuning.trials import Trial
 
-# The planner's name for each stage's lever (FP8 is a precision, tried once compile ran).
+# The planner's name for each lever (`lever_of` a stage).
 LEVER_NAMES = {
     "precision": "precision",
-    "fp8": "precision",
     "micro": "larger micro-batch",
     "compile": "torch.compile",
     "workers": "data loading",
@@ -113,9 +112,9 @@ def _measured(
         est = c.estimate
         if est is None:  # a kept comparison always has one
             continue
-        name = LEVER_NAMES[c.stage]
-        stage = "precision" if c.stage == "fp8" else c.stage
-        speedups[stage] = speedups.get(stage, 1.0) * est.ratio
+        lever = lever_of(c.stage)
+        name = LEVER_NAMES[lever]
+        speedups[lever] = speedups.get(lever, 1.0) * est.ratio
         detail = (
             f"{change(c.incumbent, c.candidate)}: {est.describe()} {unit}/s "
             f"(paired, {est.rounds} rounds)"
@@ -132,7 +131,7 @@ def change(before: Trial, after: Trial) -> str:
     a, b = before.resolved, after.resolved
     if after.stage == "workers":
         return f"num_workers {a.num_workers} -> {b.num_workers}"
-    if after.stage in ("precision", "fp8"):
+    if lever_of(after.stage) == "precision":
         return f"{a.precision} -> {b.precision}"
     if after.stage == "compile":
         return f"compile {a.compile} -> {b.compile}"
