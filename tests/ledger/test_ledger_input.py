@@ -48,13 +48,18 @@ def a_plain_run_and_one_to_damage(team, tmp_path: Path) -> Path:
     return runs
 
 
-def test_a_damaged_summary_is_skipped_and_said_while_the_rest_are_counted(team, tmp_path, capsys):
-    runs = a_plain_run_and_one_to_damage(team, tmp_path)
-    (runs / "damaged/summary.json").write_text('{"steps": 90, "stop_rea')
+def only_the_plain_run_counted(capsys, runs: Path) -> str:
+    """`thrifty runs RUNS --json` counts the plain run alone; what it said on stderr."""
     code, out, err = cli(capsys, str(runs), "--json")
     assert code == 0
     assert [r["name"] for r in json.loads(out)["runs"]] == ["run"]
-    assert err.strip() == (
+    return err.strip()
+
+
+def test_a_damaged_summary_is_skipped_and_said_while_the_rest_are_counted(team, tmp_path, capsys):
+    runs = a_plain_run_and_one_to_damage(team, tmp_path)
+    (runs / "damaged/summary.json").write_text('{"steps": 90, "stop_rea')
+    assert only_the_plain_run_counted(capsys, runs) == (
         f"thrifty runs: {runs / 'damaged/summary.json'} is damaged (not the JSON object a "
         "finished run writes): skipped; move it away to count the run from its metrics.jsonl"
     )
@@ -68,10 +73,7 @@ def test_a_summary_whose_steps_are_not_a_count_is_skipped_in_one_line(
     summary = runs / "damaged/summary.json"
     data = json.loads(summary.read_text())
     summary.write_text(json.dumps({**data, "steps": "@"}).replace('"@"', steps))
-    code, out, err = cli(capsys, str(runs), "--json")
-    assert code == 0
-    assert [r["name"] for r in json.loads(out)["runs"]] == ["run"]
-    assert err.strip() == (
+    assert only_the_plain_run_counted(capsys, runs) == (
         f"thrifty runs: {summary}: its steps are damaged ({json.loads(steps)!r}, not a count): "
         "skipped"
     )
