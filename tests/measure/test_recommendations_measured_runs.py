@@ -73,10 +73,12 @@ def train(tmp_path: Path, model: nn.Module, data: Dataset, micro: int, steps: in
 
 
 def test_in_memory_data_with_a_short_wait_gets_no_workers_recommendation(tmp_path: Path) -> None:
-    """Collating 64 in-memory rows is a large share of a tiny model's step, but well under a
-    millisecond: taking each batch from a worker process would cost more than that."""
+    """Collating 128 in-memory rows is a large share of a tiny model's step, but well under a
+    millisecond: taking each batch from a worker process would cost more than that. (128, not
+    64: on a machine whose cores are all busy, the step's time slices shrank 64 rows' share
+    below the 10% this test needs to mean anything.)"""
     data = TensorDataset(torch.randn(8192, 16), torch.randn(8192, 1))
-    trainer = train(tmp_path, Regressor(16), data, micro=64, steps=40)
+    trainer = train(tmp_path, Regressor(16), data, micro=128, steps=40)
     d = trainer.diagnosis
     assert d.measured.num_workers == 0
     assert d.breakdown["data_wait"] >= 0.10  # a share that used to bring a workers advice
