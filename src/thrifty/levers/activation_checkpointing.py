@@ -69,19 +69,44 @@ def every_nth(blocks: Sequence[str], nth: int, held: Mapping[str, int] | None) -
     return [name for i, name in enumerate(blocks) if i in chosen]
 
 
+def policy_blocks(blocks: Sequence[str], held: Mapping[str, int]) -> dict[str, list[str]]:
+    """The blocks each nth-policy (all, every_other, every_nth:3, every_nth:4) recomputes."""
+    chosen = {}
+    for nth, policy in ((1, "all"), (2, "every_other"), (3, "every_nth:3"), (4, "every_nth:4")):
+        if nth <= len(blocks):
+            chosen[policy] = every_nth(blocks, nth, held)
+    return chosen
+
+
 def policy_savings(
     blocks: Sequence[str], held: Mapping[str, int], inputs: Mapping[str, int] | None = None
 ) -> dict[str, int]:
-    """The activation bytes each nth-policy frees (all, every_other, every_nth:3, ...), as
-    measured: what the blocks it recomputes hold, less (given `inputs`, the bytes each block is
-    called with) the input each of them keeps to recompute from."""
+    """The activation bytes each nth-policy frees, as measured: what the blocks it recomputes
+    hold, less (given `inputs`, the bytes each block is called with) the input each of them
+    keeps to recompute from."""
     kept = inputs or {}
-    savings = {}
-    for nth, policy in ((1, "all"), (2, "every_other"), (3, "every_nth:3"), (4, "every_nth:4")):
-        if nth <= len(blocks):
-            chosen = every_nth(blocks, nth, held)
-            savings[policy] = sum(max(0, held.get(n, 0) - kept.get(n, 0)) for n in chosen)
-    return savings
+    return {
+        policy: sum(max(0, held.get(n, 0) - kept.get(n, 0)) for n in chosen)
+        for policy, chosen in policy_blocks(blocks, held).items()
+    }
+
+
+def held_again(
+    blocks: Sequence[str],
+    held: Mapping[str, int],
+    inputs: Mapping[str, int],
+    policy: str,
+    head: int,
+) -> int:
+    """What a policy adds back to the step's peak: backward's first recomputation holds its
+    block's activations again. When the policy recomputes the model's last block, backward
+    does that first, once it has run the head (what comes after the last block, which saved
+    `head` bytes and frees them). Otherwise the blocks backward ran first freed at least as
+    much. Bytes; 0 for "off"."""
+    chosen = [] if policy == "off" else policy_blocks(blocks, held).get(policy, [])
+    if not chosen or chosen[-1] != blocks[-1]:
+        return 0
+    return max(0, held.get(blocks[-1], 0) - inputs.get(blocks[-1], 0) - head)
 
 
 def micro_that_fits(
@@ -91,6 +116,7 @@ def micro_that_fits(
     inputs: Mapping[str, int],
     micro: int,
     policy: str,
+    head: int = 0,
 ) -> dict[str, int]:
     """The largest micro-batch each policy that recomputes more than `policy` (the run's own)
     would fit under `limit_bytes`, predicted from the run's measurements.
@@ -99,24 +125,27 @@ def micro_that_fits(
     the micro-batch search found to fit (`tried`, as `MicroSearch.to_dict` writes it, with
     their CUDA peaks). A policy takes from each sample what its blocks hold beyond what
     `policy` already frees (`held`: the bytes each repeated block saves at `micro` samples,
-    less `inputs`, those it is called with, which a recomputed block keeps). The figure leans
-    to the optimistic: a block's recomputation in backward holds its activations again, one
-    block at a time. A policy left out has no prediction: not measured, nothing more freed,
+    less `inputs`, those it is called with, which a recomputed block keeps), and gives back
+    what its first recomputation holds again (`held_again`, with `head` the bytes saved after
+    the last block). A policy left out has no prediction: not measured, nothing more freed,
     or no bound on the size.
     """
     peaks = sorted(
         (t["micro"], t["peak_bytes"]) for t in tried if t.get("fits") and t.get("peak_bytes")
     )
-    savings = policy_savings(list(held), held, inputs)
+    blocks = list(held)
+    savings = policy_savings(blocks, held, inputs)
     own = 0 if policy == "off" else savings.get(policy)
     if len(peaks) < 2 or micro < 1 or own is None:
         return {}
     (m1, p1), (m2, p2) = peaks[-2:]
     per_sample = (p2 - p1) / (m2 - m1)
     fixed = p2 - per_sample * m2
+    own_again = held_again(blocks, held, inputs, policy, head)
     fits = {}
     for name, freed in savings.items():
-        kept = per_sample - (freed - own) / micro
+        again = held_again(blocks, held, inputs, name, head) - own_again
+        kept = per_sample - (freed - own - again) / micro
         if freed > own and kept > 0:
             fits[name] = max(0, math.floor((limit_bytes - fixed) / kept))
     return fits

@@ -250,6 +250,7 @@ def scaled_count(per_sample: Any, micro: int) -> Any:
         activation_bytes=per_sample.activation_bytes * micro,
         block_bytes={name: held * micro for name, held in per_sample.block_bytes.items()},
         input_bytes={name: size * micro for name, size in per_sample.input_bytes.items()},
+        head_bytes=per_sample.head_bytes * micro,
     )
 
 

@@ -37,7 +37,8 @@ class FlopCount:
     `block_bytes`: of those, the bytes saved while each block given to `count_flops` ran its
     forward (what checkpointing that block would free), by the block's name; `input_bytes`,
     the bytes of the tensors each block was called with (what a checkpointed block still
-    keeps, to recompute from).
+    keeps, to recompute from); `head_bytes`, those saved after the last block's forward (the
+    final norm, the logits, the loss), which backward frees before it recomputes a block.
     """
 
     flops: float
@@ -45,6 +46,7 @@ class FlopCount:
     activation_bytes: int = 0
     block_bytes: dict[str, int] = field(default_factory=dict)
     input_bytes: dict[str, int] = field(default_factory=dict)
+    head_bytes: int = 0
 
     @property
     def flops_per_op(self) -> float:
@@ -83,17 +85,22 @@ class _SavedBytes:
         self.by_block: dict[str, dict[int, int]] = {}
         self.inputs: dict[str, int] = {}  # bytes of the tensors each block was called with
         self.running: list[str] = []  # the blocks whose forward is running, outermost first
+        self.head: dict[int, int] = {}  # saved after the last block's forward: the head's
+        self._blocks_ran = False
         self._boxes: list[list[torch.Tensor]] = []
 
     def pack(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         base = tensor._base if tensor._base is not None else tensor
         # A parameter (or a view of one, like the transposed weight a Linear saves) is held
-        # by the model anyway: it is not activation memory.
-        if not (base.is_leaf and base.requires_grad):
+        # by the model anyway, and a copy of one (autocast's bf16 weight) is as large at any
+        # micro-batch: neither is activation memory, which grows with the samples.
+        if not (base.is_leaf and base.requires_grad) and not parameter_copy(base):
             storage = tensor.untyped_storage()
             self.storages[storage.data_ptr()] = storage.nbytes()
             for name in self.running:
                 self.by_block.setdefault(name, {})[storage.data_ptr()] = storage.nbytes()
+            if self._blocks_ran and not self.running:
+                self.head[storage.data_ptr()] = storage.nbytes()
         box = [tensor]
         self._boxes.append(box)
         return box
@@ -123,6 +130,7 @@ class _SavedBytes:
         def enter(name: str) -> Callable[..., None]:
             def hook(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
                 self.running.append(name)
+                self.head.clear()  # what ran between blocks is not after the last
                 tensors = [a for a in args if isinstance(a, torch.Tensor)]
                 self.inputs[name] = self.inputs.get(name, 0) + sum(
                     t.numel() * t.element_size() for t in tensors
@@ -131,7 +139,11 @@ class _SavedBytes:
             return hook
 
         def leave(name: str) -> Callable[..., None]:
-            return lambda *_: self.running.remove(name)
+            def hook(*_: Any) -> None:
+                self.running.remove(name)
+                self._blocks_ran = True
+
+            return hook
 
         handles = []
         for name, module in blocks.items():
@@ -143,6 +155,37 @@ class _SavedBytes:
             for handle in handles:
                 handle.remove()
             self.running.clear()
+
+
+# Autograd nodes that only change a tensor's dtype or shape: a chain of them from a parameter
+# makes a copy of the parameter, whatever the batch.
+_COPY_NODES = frozenset(
+    {
+        "ToCopyBackward0",
+        "TBackward0",
+        "TransposeBackward0",
+        "ViewBackward0",
+        "ReshapeAliasBackward0",
+        "PermuteBackward0",
+        "ExpandBackward0",
+        "UnsqueezeBackward0",
+        "AliasBackward0",
+    }
+)
+
+
+def parameter_copy(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` was made from one parameter by casts and reshapes alone: autocast's
+    bf16 copy of a weight, which a Linear saves for its backward at every micro-batch size."""
+    node = tensor.grad_fn
+    while node is not None and type(node).__name__ in _COPY_NODES:
+        inputs = [fn for fn, _ in node.next_functions if fn is not None]
+        if len(inputs) != 1:
+            return False
+        node = inputs[0]
+        if type(node).__name__ == "AccumulateGrad":
+            return True
+    return False
 
 
 def _cpu_attention_flops(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> int:
@@ -201,6 +244,7 @@ def count_flops(
         saved.total,
         saved.block_totals(),
         saved.inputs,
+        sum(saved.head.values()),
     )
 
 

@@ -151,7 +151,13 @@ def checkpointing_fits(facts: RunFacts) -> dict[str, int]:
     policy = str(facts.config.activation_checkpointing.policy)
     limit = (1 - search["margin"]) * memory
     return micro_that_fits(
-        search["tried"], limit, count.block_bytes, count.input_bytes, facts.micro, policy
+        search["tried"],
+        limit,
+        count.block_bytes,
+        count.input_bytes,
+        facts.micro,
+        policy,
+        count.head_bytes,
     )
 
 
