@@ -253,9 +253,13 @@ def test_a_trial_killed_from_outside_the_sweep_resumes_from_its_checkpoint_not_f
         os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
-    assert "trial 0: requeued (killed by SIGKILL: it resumes from its checkpoint)" in err
     assert "trial 0: resumed" in err and "failed" not in err
     assert resumed_from(trial) >= 10
+    step = resumed_from(trial)
+    assert (
+        f"trial 0: requeued (killed by SIGKILL: it resumes from its checkpoint at step {step})"
+        in err
+    )
     first, second = (trial / "train.log").read_text().split("--- trial 0: a new session, ")
     assert "checkpoint step 10 written" in first  # the killed session's story is kept
     assert "resumed from step" in second and "resumed from step" not in first
@@ -447,3 +451,61 @@ def test_the_python_api_takes_dicts_and_a_budget_stops_starting_trials_it_cannot
     assert any("no new trial" in line for line in said)
     assert data["compute"]["cost"] == data["trials"][0]["cost"] > 0.000001
     assert data["budget"] == "$0.00"
+
+
+def test_a_checkpoint_location_in_the_config_gives_each_trial_a_folder_of_its_own(
+    tmp_path: Path, here
+) -> None:
+    # One place for every trial handed trial 1 trial 0's checkpoint to resume, and its
+    # learning rate was refused as a change to the run: every trial after the first failed.
+    config, space = write_inputs(tmp_path, steps=20)
+    place = tmp_path / "saves"
+    text = config.read_text()
+    config.write_text(text.replace("[checkpoint]\n", f"[checkpoint]\nlocation = '{place}'\n"))
+    out = tmp_path / "sweep"
+    code, _, err = here(sweep_command(config, space, out, "--trials", "2", "--pruner", "none"))
+    assert code == 0, err
+    assert [(t["state"], t["steps"]) for t in record(out)["trials"]] == [("complete", 20)] * 2
+    for number in ("0000", "0001"):
+        assert (place / "trials" / number / "step-00000020" / MANIFEST).is_file()
+        assert "resumed" not in (out / "trials" / number / "train.log").read_text()
+    assert sorted(p.name for p in place.iterdir()) == ["trials"]
+
+
+def test_a_trials_checkpoint_place_is_in_its_config_never_on_its_command_line() -> None:
+    from thrifty.sweeps.trial import TrialSetup, command, trial_config, trial_place
+
+    assert trial_place("s3://b/runs/", 3) == "s3://b/runs/trials/0003"
+    assert trial_place("https://h/p?sig=x", 12) == "https://h/p/trials/0012?sig=x"
+    secret = "s3://key:secret@bucket/saves"
+    given = {"run": {"max_steps": 5}, "checkpoint": {"location": secret, "every": 10}}
+    setup = TrialSetup(
+        config_text=b"", overrides=[f"checkpoint.location={secret}", "run.seed=1"],
+        out=Path("out"), env={}, pruner_name="none", pruner=None, storage=None,
+        places={"checkpoint.location": secret}, given=given,
+    )  # fmt: skip
+    args = command(setup, {"optimizer.lr": 0.1}, Path("out/trials/0007"), 5)
+    assert not [a for a in args if "secret" in a]
+    assert args[-4:] == ["--set", "run.seed=1", "--set", "optimizer.lr=0.1"]
+    from thrifty.config import toml_loads
+
+    sent = toml_loads(trial_config(setup, 7).decode())
+    assert sent["checkpoint"] == {"location": f"{secret}/trials/0007", "every": 10}
+    assert given["checkpoint"]["location"] == secret  # the sweep's own copy is left as it was
+
+
+def test_a_trial_stopped_before_its_first_checkpoint_is_said_to_start_again_from_step_0(
+    tmp_path: Path,
+) -> None:
+    from thrifty.sweeps.trial import TrialSetup, resumes_from
+
+    setup = TrialSetup(
+        config_text=b"", overrides=[], out=tmp_path, env={}, pruner_name="none", pruner=None,
+        storage=None,
+    )  # fmt: skip
+    run = tmp_path / "trials" / "0000"
+    (run / "checkpoints" / "step-00000010").mkdir(parents=True)  # its manifest never written
+    said = resumes_from(setup, run, 0)
+    assert said == "it starts again from step 0: it had published no checkpoint yet"
+    remote = TrialSetup(**{**vars(setup), "places": {"checkpoint.location": "s3://b/saves"}})
+    assert resumes_from(remote, run, 0) == "it resumes from its newest checkpoint"

@@ -25,7 +25,7 @@ from thrifty.sweeps.results import BEST_TOML, CONFIG_KEY, SWEEP_JSON
 from thrifty.sweeps.runner import Budget, Sweep, trial_env
 from thrifty.sweeps.space import parse_space, read_config, read_space
 from thrifty.sweeps.study import JOURNAL, fingerprint, load_or_create, open_storage
-from thrifty.sweeps.trial import TrialSetup
+from thrifty.sweeps.trial import PLACE_KEYS, TrialSetup
 
 # What a sweep writes in --out; anything else there is someone else's and refused.
 OWN = (JOURNAL, f"{JOURNAL}.lock", SWEEP_JSON, BEST_TOML, "trials")
@@ -114,7 +114,14 @@ def make_sweep(
         plan_brackets = hyperband.brackets(cfg.eval.every, cfg.run.max_steps)
         if trials is None and the_budget.seconds is None and the_budget.usd is None:
             trials = hyperband.round_size(plan_brackets)  # one round of every bracket
+    places = {
+        key: place
+        for key in PLACE_KEYS
+        if (place := getattr(cfg.checkpoint, key.partition(".")[2])) is not None
+    }
     setup = TrialSetup(
+        places=places,
+        given=given if places else None,
         config_text=_config_text(config),
         overrides=list(o.overrides),
         out=folder,

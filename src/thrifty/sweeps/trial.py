@@ -20,10 +20,16 @@ trial another worker then took up stops its run (SIGTERM: it saves) and tells Op
 the trial is the other worker's. Each renewal checks the lease is still this worker's first,
 so the two run it together for a renewal's interval at most; a renewal that fails is said
 once, and so is the renewal that works again.
+
+Where the config names its checkpoints' place (checkpoint.location, checkpoint.local_dir), each
+trial saves under it in a folder of its own, as under --out: `PLACE/trials/NNNN`. The trial's
+config then carries it, on its stdin as ever; a shared place would hand each trial the last
+one's checkpoint to resume.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -40,7 +46,7 @@ import optuna
 from optuna.trial import TrialState
 
 from thrifty.children import Child, Children
-from thrifty.config import toml_literal
+from thrifty.config import dump_toml, toml_literal
 from thrifty.console import say
 from thrifty.records.directory import step_records
 from thrifty.records.stop_signals import EXIT_PREEMPTED
@@ -59,6 +65,7 @@ POLL_SECONDS = 0.2
 IN_USE = " is in use by "  # the run lock's refusal (thrifty.run.lock)
 KILLS_KEY = "thrifty.kills"  # sessions of the trial a signal ended (the OOM killer's SIGKILL)
 MAX_KILLS = 3  # then it fails: a trial killed each time it runs would be resumed forever
+PLACE_KEYS = ("checkpoint.location", "checkpoint.local_dir")  # each trial gets its own
 
 
 @dataclass
@@ -75,6 +82,10 @@ class TrialSetup:
     brackets: list[hyperband.Bracket] | None = None  # with --pruner hyperband
     trials: int | None = None  # --trials: where the last Hyperband bracket is cut short
     leases: Leases = field(default_factory=lambda: Leases())
+    # With a checkpoint place set (PLACE_KEYS: its value): the config, --set applied, that each
+    # trial's own places are written into.
+    places: dict[str, str] = field(default_factory=dict)
+    given: dict[str, Any] | None = None
 
 
 class Leases:
@@ -179,9 +190,31 @@ def run_dir(out: Path, number: int) -> Path:
 def command(setup: TrialSetup, params: dict[str, Any], out: Path, progress_fd: int) -> list[str]:
     sets = [f"{key}={toml_literal(value)}" for key, value in params.items()]
     args = [sys.executable, "-m", TRIAL_MODULE, str(progress_fd), "train", "--out", str(out)]
-    for item in [*setup.overrides, *sets]:
+    overrides = setup.overrides
+    if setup.places:  # in the trial's config, each trial's own
+        overrides = [o for o in overrides if o.partition("=")[0].strip() not in PLACE_KEYS]
+    for item in [*overrides, *sets]:
         args += ["--set", item]
     return args
+
+
+def trial_config(setup: TrialSetup, number: int) -> bytes:
+    """The config trial `number` reads: the sweep's as given, or, with a checkpoint place
+    set, the config (--set applied) with the trial's own places under it."""
+    if not setup.places or setup.given is None:
+        return setup.config_text
+    config = copy.deepcopy(setup.given)
+    section = config.setdefault("checkpoint", {})
+    for key, place in setup.places.items():
+        section[key.partition(".")[2]] = trial_place(place, number)
+    return dump_toml(config).encode()
+
+
+def trial_place(place: str, number: int) -> str:
+    """Trial `number`'s folder under a checkpoint place: a path or a URL, whose query (if any)
+    stays at its end."""
+    base, mark, query = place.partition("?")
+    return f"{base.rstrip('/')}/trials/{number:04d}{mark}{query}"
 
 
 def run_trial(
@@ -212,7 +245,7 @@ def run_trial(
                 env,
                 out / "train.log",
                 f"trial {trial.number}",
-                tether=setup.config_text,
+                tether=trial_config(setup, trial.number),
                 pass_fds=(progress, child_read, child_write),
                 redact=True,
                 append=True,  # each session's lines after the last's: a resume's story kept
@@ -404,6 +437,26 @@ def run_facts(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def resumes_from(setup: TrialSetup, out: Path, number: int) -> str:
+    """Where the trial's next session starts, as this machine sees its saves: its newest
+    published checkpoint, or step 0 where it saved none. Checkpoints at a URL are not
+    listed here: their step is the next session's to find."""
+    from thrifty.checkpoint.manifest import scan
+    from thrifty.checkpoint.storage import LocalStorage, is_remote
+
+    location = setup.places.get("checkpoint.location")
+    if location is not None and is_remote(location):
+        return "it resumes from its newest checkpoint"
+    folder = trial_place(location, number) if location else str(out / "checkpoints")
+    try:
+        steps = scan(LocalStorage(folder)).published
+    except OSError:
+        steps = {}
+    if not steps:
+        return "it starts again from step 0: it had published no checkpoint yet"
+    return f"it resumes from its checkpoint at step {max(steps)}"
+
+
 def _add_seconds(storage: Any, trial: optuna.Trial, seconds: float) -> None:
     before = storage.get_trial(trial._trial_id).user_attrs.get(SECONDS_KEY, 0.0)
     trial.set_user_attr(SECONDS_KEY, float(before) + seconds)
@@ -425,14 +478,15 @@ def _finish(
         return Ended(number, "paused", f"at step {paused}, until its bracket catches up")
     if code == EXIT_PREEMPTED or (stopped and code != 0):
         requeue(storage, trial._trial_id)
-        return Ended(number, "requeued", "preempted: it resumes from its checkpoint")
+        return Ended(number, "requeued", f"preempted: {resumes_from(setup, out, number)}")
     if code < 0:  # a signal from outside the sweep (the OOM killer, an operator): work saved
         name = _signal_name(-code)
         kills = int(storage.get_trial(trial._trial_id).user_attrs.get(KILLS_KEY, 0)) + 1
         trial.set_user_attr(KILLS_KEY, kills)
         if kills < MAX_KILLS:
             requeue(storage, trial._trial_id)
-            return Ended(number, "requeued", f"killed by {name}: it resumes from its checkpoint")
+            resumes = resumes_from(setup, out, number)
+            return Ended(number, "requeued", f"killed by {name}: {resumes}")
         error = f"killed by {name} {kills} times (out of memory?); its last: {child.error_line()}"
         trial.set_user_attr(ERROR_KEY, error)
         study.tell(trial, state=TrialState.FAIL)
