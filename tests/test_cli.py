@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -243,3 +244,26 @@ def test_error_lines_never_show_credentials(capsys, user_project):
     assert code == 2
     assert err.startswith("thrifty: error: checkpoint.every = 's3://b' is invalid")
     assert "hunter2" not in err and "AKIAIOSFODNN7EXAMPLE" not in err
+
+
+def test_a_run_folder_named_with_a_newline_and_markup_prints_as_named_one_line_each(tmp_path):
+    # A newline in the name once split "checkpoint step 1 written to ..." in two, its second
+    # half a line of its own ("fake: line"); "[/]" made the summary table raise MarkupError
+    # after the run had finished, and "[red]" vanished from the path shown.
+    out = tmp_path / "a[/]b[red]c\nfake: line\x1b[2J"
+    proc = subprocess.run(
+        [sys.executable, "-m", "thrifty", "train", str(REPO / "examples" / "mlp.toml")]
+        + ["--steps", "2", "--out", str(out), "--set", "data.num_workers=0"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "COLUMNS": "400"},  # the summary's cell unwrapped
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = (proc.stdout + proc.stderr).splitlines()
+    assert not [line for line in lines if line.startswith("fake")]
+    assert "\x1b" not in proc.stdout + proc.stderr
+    shown = str(out).replace("\n", "\\n").replace("\x1b", "\\x1b")
+    assert f"thrifty: checkpoint step 2 written to {shown}/checkpoints" in lines
+    assert any(shown in line for line in lines if line.startswith("│ run directory"))
+    assert (out / "summary.json").is_file()  # the folder itself is named as given

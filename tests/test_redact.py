@@ -224,6 +224,16 @@ def test_summary_and_metrics_files_are_redacted(tmp_path):
     ]
 
 
+def test_a_log_record_stays_one_line_whatever_its_arguments_hold(caplog):
+    from thrifty.redact import one_line
+
+    assert one_line("runs/a\nb\rc\x1b[2J\td") == "runs/a\\nb\\rc\\x1b[2J\td"  # a tab stays
+    caplog.handler.addFilter(RedactingFilter())
+    with caplog.at_level(logging.INFO, logger="thrifty"):
+        logging.getLogger("thrifty").info("written to %s", "runs/x\nthrifty: forged")
+    assert caplog.messages == ["written to runs/x\\nthrifty: forged"]
+
+
 def test_log_records_are_redacted_by_the_handler_filter(caplog):
     caplog.handler.addFilter(RedactingFilter())
     logger = logging.getLogger("thrifty.checkpoint")  # a child: its records reach the handler

@@ -33,12 +33,21 @@ SET_HELP = "override a config value, e.g. --set batch.micro=8 (repeatable)"
 
 def say(command: str, message: str) -> None:
     """One progress line on stderr, `thrifty COMMAND: message`; stdout is kept for the report."""
-    print(f"thrifty {command}: {message}", file=sys.stderr, flush=True)
+    from thrifty.redact import one_line
+
+    print(f"thrifty {command}: {one_line(message)}", file=sys.stderr, flush=True)
 
 
 def dash(value: Any) -> str:
-    """A table cell: `-` for a value that is missing."""
-    return "-" if value is None else str(value)
+    """A table cell: `-` for a value that is missing; a text on one line (`one_line`), shown
+    as written: a folder named `runs/a[/]b` is not rich markup."""
+    if value is None:
+        return "-"
+    from rich.markup import escape
+
+    from thrifty.redact import one_line
+
+    return escape(one_line(str(value)))
 
 
 def add_set_option(parser: argparse.ArgumentParser) -> None:

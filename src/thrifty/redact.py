@@ -149,6 +149,16 @@ def _bare_secret_pair(text: str) -> bool:
     return "." not in name and len(_words(name)) == 1 and is_secret_name(name)
 
 
+# Every C0 control character but the tab, and DEL: a newline or a carriage return in a folder's
+# name would split or overwrite a printed line, an escape sequence would drive the terminal.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def one_line(text: str) -> str:
+    """`text` as one printed line: each control character written as its escape (`\\n`)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text) if text else text
+
+
 def redact_text(text: str) -> str:
     """The text with URL credentials, signed-URL parameters, AWS key ids and secret-named
     `name=value` pairs replaced by `<redacted>` (a URL's `user:password@` is removed)."""
@@ -250,14 +260,15 @@ def _redact_item(key: Any, value: Any) -> Any:
 
 
 class RedactingFilter(logging.Filter):
-    """Redacts each record's message (arguments merged in) and traceback before it is written.
+    """Redacts each record's message (arguments merged in) and traceback before it is written,
+    the message kept on one line (`one_line`).
 
     Install it on handlers, not loggers: a logger's filters skip records that its children
     (`thrifty.checkpoint`) pass up, a handler's see every record it writes.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = redact_text(record.getMessage())
+        record.msg = one_line(redact_text(record.getMessage()))
         record.args = None
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)

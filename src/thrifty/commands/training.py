@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 def _common(parser: argparse.ArgumentParser) -> None:
     add_output_options(
         parser,
-        out="run directory (default: runs/<run.name>)",
-        overwrite="start over in a run directory that holds a run",
+        out="run directory (run.out; default: runs/<run.name>)",
+        overwrite="start over in a run directory that holds a run (run.overwrite)",
     )
     parser.add_argument(
         "--steps", type=int, metavar="N", help="optimizer steps to run (run.max_steps)"
@@ -36,7 +36,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "precision, batch or task instead of refusing them (run.allow_config_change)",
     )
     parser.add_argument(
-        "--trace", metavar="DIR", help="write a torch.profiler trace of a few steps to DIR"
+        "--trace",
+        metavar="DIR",
+        help="write a torch.profiler trace of a few steps to DIR (measure.trace)",
     )
     parser.add_argument(
         "--nprocs",

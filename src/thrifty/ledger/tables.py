@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from thrifty.console import Table
+from thrifty.console import Table, dash
 from thrifty.ledger.book import Ledger
 from thrifty.ledger.case_study import CaseStudy
 from thrifty.ledger.groups import Total, total
@@ -75,7 +75,7 @@ def display_name(job: Job, names: Sequence[str]) -> str:
 def _row(job: Job, names: Sequence[str]) -> list[str]:
     wasted = job.wasted_usd
     return [
-        display_name(job, names),
+        dash(display_name(job, names)),
         job.started.strftime("%Y-%m-%d"),
         state_text(job),
         f"{job.steps:,}",

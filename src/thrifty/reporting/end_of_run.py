@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from thrifty.console import dash
 from thrifty.levers.activation_checkpointing import policy_savings
 from thrifty.plan.units import fmt_bytes
 from thrifty.records.stop import StopReason
@@ -20,7 +21,7 @@ def _fmt(value: Any) -> str:
         return f"{value:,.4f}" if abs(value) < 100 else f"{value:,.0f}"
     if isinstance(value, int):
         return f"{value:,}"
-    return str(value)
+    return dash(value)  # the run directory as named, whatever its characters
 
 
 def print_summary(result: Any) -> None:

@@ -31,8 +31,8 @@ def print_table(record: dict[str, Any], out: Path) -> None:
             dash(t["steps"]),
             _num(t["seconds"], ".1f"),
             _num(t["cost"], ".4f"),
-            _params(t["params"]),
-            why,
+            dash(_params(t["params"])),
+            dash(why),
         )
     show = console()
     show.print(table)
