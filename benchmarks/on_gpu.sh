@@ -13,8 +13,9 @@
 #   bash benchmarks/on_gpu.sh checks OUT [NAMES]
 #     benchmarks/cuda_checks.py --only NAMES (default room,peak).
 # Each part installs .whl/ into a folder of its own (the machine's packages are left as they
-# are) and writes into OUT the machine (GPU, driver, torch, CUDA) and its output: at most
-# six files, the raw results benchmarks/results/ keeps.
+# are) and writes into OUT the machine (GPU, driver, torch, CUDA) and its output, the raw
+# results benchmarks/results/ keeps: for gpt2, each tune trial's summary.json too (its
+# micro-batch search's peaks and the checkpointing room it predicted).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -54,7 +55,9 @@ if [[ $part == gpt2 ]]; then
   status=0
   python "$root/benchmarks/gpt2_124m.py" --out "$runs" --deadline "${3:-560}" \
     --arms "${ARMS:-plain,thrifty}" >"$out/gpt2.log" 2>&1 || status=$?
-  for name in gpt2_124m.json tune.log thrifty.log tune/tune.json; do
+  names=(gpt2_124m.json tune.log thrifty.log tune/tune.json)
+  for path in "$runs"/tune/trials/*/summary.json; do names+=("${path#"$runs"/}"); done
+  for name in "${names[@]}"; do
     if [[ -f $runs/$name ]]; then cp "$runs/$name" "$out/${name//\//-}"; fi
   done
   tail -n 12 "$out/gpt2.log"

@@ -83,3 +83,24 @@ def test_a_manifests_cost_record_round_trips_and_a_malformed_one_is_ignored():
     assert Manifest.from_json(json.dumps(doc).encode(), where="m").record is None
     del doc["record"]  # a checkpoint written before the record: still valid
     assert Manifest.from_json(json.dumps(doc).encode(), where="m").step == 7
+
+
+def test_a_plain_pickle_is_refused_in_one_line_without_torchs_warning_before_it(tmp_path):
+    import pickle
+    import warnings
+
+    folder = tmp_path / "step-00000003"
+    plant_checkpoint(folder, {"w": torch.ones(2)})
+    marker = tmp_path / "pwned"
+    with open(folder / "state.pt", "wb") as f:  # pickle's own protocol 4, not torch.save's
+        pickle.dump({"x": RunsACommand(f"touch {marker}")}, f, protocol=4)
+    data = (folder / "state.pt").read_bytes()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"][0].update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(UnsafeCheckpointError, match="refusing to load"):
+            CheckpointManager(str(tmp_path)).load(str(folder))
+    assert [str(w.message) for w in caught] == []
+    assert not marker.exists()

@@ -370,6 +370,40 @@ def test_a_launcher_killed_alone_stops_every_rank_with_its_checkpoint(tmp_path):
     assert f"resumed from step {stopped_at}" in resumed.stderr
 
 
+def test_torchrun_killed_alone_stops_every_rank_it_started_with_its_checkpoint(tmp_path):
+    """The same for the user's own torchrun: its workers, told nothing, once trained on with
+    nobody to report to, holding the run directory's lock."""
+    import psutil
+
+    config = write_config(tmp_path, "ddp", strategy="ddp", steps=400, ms=1.0)
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+    command += ["2", "-m", "thrifty", "train", str(config), "--out", str(out)]
+    agent = subprocess.Popen(
+        command, cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while _steps_logged(out) < 3:
+            assert agent.poll() is None and time.monotonic() < deadline, "run ended early"
+            time.sleep(0.05)
+        ranks = [_rank_pid(agent, rank) for rank in (0, 1)]
+        agent.kill()
+        agent.wait(timeout=30)
+        gone, alive = psutil.wait_procs([psutil.Process(pid) for pid in ranks], timeout=TIMEOUT)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    for rank in alive:
+        rank.kill()
+    assert not alive, "a rank trained on without torchrun"
+    stopped_at = _steps_logged(out)
+    assert newest_checkpoint(out).name == f"step-{stopped_at:08d}"  # its emergency save
+    assert not (out / "summary.json").exists() and stopped_at < 400  # stopped, not finished
+    resumed = ok(train(config, out, "--steps", str(stopped_at + 2), nprocs=2))
+    assert f"resumed from step {stopped_at}" in resumed.stderr
+
+
 def killed_before_its_last_save(run: Path, out: Path) -> Path:
     """A copy of the finished `run` as a job killed after its last step, before that step's
     checkpoint: its newest checkpoint is the one before (the fsdp run's, step 21's)."""

@@ -6,6 +6,7 @@ import contextlib
 import os
 import pickle
 import tempfile
+import warnings
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
@@ -44,7 +45,11 @@ def load_state(folder: str, manifest: Manifest, *, where: str) -> dict[str, Any]
         raise CorruptCheckpointError(f"{where} has no {STATE_FILE} in its manifest")
     path = os.path.join(folder, STATE_FILE)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # A plain pickle (not torch.save's): torch warns of its protocol before it refuses
+            # the objects in it; the refusal below is the one line to say.
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         # torch names the offending global on a line of its own ("... unsupported GLOBAL ...").
         lines = str(exc).splitlines()

@@ -44,15 +44,19 @@ SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 SEPARATE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 # The launcher's pid, for its ranks: `follow_launcher`.
 LAUNCHER_ENV = "THRIFTY_LAUNCHER_PID"
+TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"  # set by torchrun's agent in each worker it starts
 
 
 def follow_launcher(signals: Sequence[str] = DEFAULT_SIGNALS) -> None:
-    """In a rank this launcher started: a stop signal (SIGTERM, else the first of `signals`)
-    from the kernel when the launcher dies without forwarding one (SIGKILLed alone, by the
-    OOM killer or by hand), so that the rank stops as on a preemption, saving its step, rather
-    than train on with nobody to report to and hold the run directory's lock. Linux only;
-    nothing for a process the launcher did not start."""
+    """In a rank this launcher or torchrun started: a stop signal (SIGTERM, else the first of
+    `signals`) from the kernel when the launcher dies without forwarding one (SIGKILLed
+    alone, by the OOM killer or by hand), so that the rank stops as on a preemption, saving
+    its step, rather than train on with nobody to report to and hold the run directory's
+    lock. torchrun's agent starts its workers from its main thread, whose end the kernel
+    watches. Linux only; nothing for a process no launcher started."""
     launcher = os.environ.get(LAUNCHER_ENV)
+    if launcher is None and TORCHRUN_ENV in os.environ:  # a worker of torchrun's agent
+        launcher = str(os.getppid())
     if launcher is None or str(os.getppid()) != launcher:
         return
     from thrifty.children import parent_death_signal
