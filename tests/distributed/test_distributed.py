@@ -336,67 +336,39 @@ def test_sigterm_to_the_launcher_reaches_every_rank_and_ends_with_the_resumable_
     assert "saving an emergency checkpoint" in stderr and "Traceback" not in stderr
 
 
-def test_a_launcher_killed_alone_stops_every_rank_with_its_checkpoint(tmp_path):
-    """The OOM killer's SIGKILL to the `--nprocs` launcher alone forwards nothing: each rank
-    gets the kernel's SIGTERM instead, saves and ends, and holds no run directory's lock."""
+@pytest.mark.parametrize("launcher", ["--nprocs", "torchrun"])
+def test_a_launcher_killed_alone_stops_every_rank_with_its_checkpoint(tmp_path, launcher):
+    """The OOM killer's SIGKILL to the launcher alone forwards nothing: each rank gets the
+    kernel's SIGTERM instead, saves and ends, and holds no run directory's lock. So for the
+    user's own torchrun, whose workers once trained on to the end with nobody to report to."""
     import psutil
 
     config = write_config(tmp_path, "ddp", strategy="ddp", steps=400, ms=1.0)
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "thrifty", "train", str(config), "--out", str(out)]
-    launcher = subprocess.Popen(
-        [*command, "--nprocs", "2"], cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + TIMEOUT
-        while _steps_logged(out) < 3:
-            assert launcher.poll() is None and time.monotonic() < deadline, "run ended early"
-            time.sleep(0.05)
-        ranks = [_rank_pid(launcher, rank) for rank in (0, 1)]
-        launcher.kill()
-        launcher.wait(timeout=30)
-        gone, alive = psutil.wait_procs([psutil.Process(pid) for pid in ranks], timeout=TIMEOUT)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-    for rank in alive:
-        rank.kill()
-    assert not alive, "a rank trained on without its launcher"
-    stopped_at = _steps_logged(out)
-    assert newest_checkpoint(out).name == f"step-{stopped_at:08d}"  # its emergency save
-    assert not (out / "summary.json").exists()
-    resumed = ok(train(config, out, "--steps", str(stopped_at + 2), nprocs=2))
-    assert f"resumed from step {stopped_at}" in resumed.stderr
-
-
-def test_torchrun_killed_alone_stops_every_rank_it_started_with_its_checkpoint(tmp_path):
-    """The same for the user's own torchrun: its workers, told nothing, once trained on with
-    nobody to report to, holding the run directory's lock."""
-    import psutil
-
-    config = write_config(tmp_path, "ddp", strategy="ddp", steps=400, ms=1.0)
-    out = tmp_path / "run"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
-    command += ["2", "-m", "thrifty", "train", str(config), "--out", str(out)]
-    agent = subprocess.Popen(
+    train_args = ["-m", "thrifty", "train", str(config), "--out", str(out)]
+    if launcher == "--nprocs":
+        command = [sys.executable, *train_args, "--nprocs", "2"]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        command += ["--nproc_per_node", "2", *train_args]
+    process = subprocess.Popen(
         command, cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         deadline = time.monotonic() + TIMEOUT
         while _steps_logged(out) < 3:
-            assert agent.poll() is None and time.monotonic() < deadline, "run ended early"
+            assert process.poll() is None and time.monotonic() < deadline, "run ended early"
             time.sleep(0.05)
-        ranks = [_rank_pid(agent, rank) for rank in (0, 1)]
-        agent.kill()
-        agent.wait(timeout=30)
+        ranks = [_rank_pid(process, rank) for rank in (0, 1)]
+        process.kill()
+        process.wait(timeout=30)
         gone, alive = psutil.wait_procs([psutil.Process(pid) for pid in ranks], timeout=TIMEOUT)
     finally:
-        if agent.poll() is None:
-            agent.kill()
+        if process.poll() is None:
+            process.kill()
     for rank in alive:
         rank.kill()
-    assert not alive, "a rank trained on without torchrun"
+    assert not alive, "a rank trained on without its launcher"
     stopped_at = _steps_logged(out)
     assert newest_checkpoint(out).name == f"step-{stopped_at:08d}"  # its emergency save
     assert not (out / "summary.json").exists() and stopped_at < 400  # stopped, not finished
