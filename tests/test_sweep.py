@@ -509,3 +509,40 @@ def test_a_trial_stopped_before_its_first_checkpoint_is_said_to_start_again_from
     assert said == "it starts again from step 0: it had published no checkpoint yet"
     remote = TrialSetup(**{**vars(setup), "places": {"checkpoint.location": "s3://b/saves"}})
     assert resumes_from(remote, run, 0) == "it resumes from its newest checkpoint"
+
+
+def test_trials_checkpoint_to_an_object_store_each_under_its_own_prefix(
+    tmp_path: Path, here, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lock_holders import BUCKET, s3_options_for, s3_server
+
+    config, space = write_inputs(tmp_path, steps=20)
+    secret = "sweep-s3-secret-7f3a"
+    with s3_server() as endpoint:
+        options = {**s3_options_for(endpoint, monkeypatch, tmp_path), "secret": secret}
+        table = "\n".join(
+            [
+                "[checkpoint.storage_options]",
+                f'key = "{options["key"]}"',
+                f'secret = "{secret}"',
+                "skip_instance_cache = true",
+                "[checkpoint.storage_options.client_kwargs]",
+                f'endpoint_url = "{endpoint}"',
+                'region_name = "us-east-1"',
+            ]
+        )
+        text = config.read_text().replace(
+            "[checkpoint]\n", f'[checkpoint]\nlocation = "s3://{BUCKET}/sweep"\n'
+        )
+        config.write_text(text + "\n" + table + "\n")
+        out = tmp_path / "sweep"
+        code, _, err = here(sweep_command(config, space, out, "--trials", "2", "--pruner", "none"))
+        assert code == 0, err
+        import s3fs
+
+        fs = s3fs.S3FileSystem(**options)
+        for number in ("0000", "0001"):
+            assert fs.exists(f"{BUCKET}/sweep/trials/{number}/step-00000020/{MANIFEST}")
+    assert [(t["state"], t["steps"]) for t in record(out)["trials"]] == [("complete", 20)] * 2
+    written = [p for p in out.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert written == [] and secret not in err
