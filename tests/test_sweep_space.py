@@ -73,3 +73,15 @@ def test_a_factory_argument_the_config_sets_is_searched_and_one_it_does_not_is_r
     assert {space.suggest(study.ask())["task.model_args.n_embd"] for _ in range(20)} == {64, 96}
     with pytest.raises(ConfigError, match=r"task\.model_args\.width\"\] is not in the config"):
         parse_space({"task.model_args.width": {"choices": [64, 96]}}, base)
+
+
+def test_a_key_a_factory_takes_over_is_refused_and_one_that_still_applies_is_searched() -> None:
+    # Once, a sweep of optimizer.lr beside an optimizer factory ran every trial alike.
+    base = {**BASE, "task": {"optimizer": "pkg:sgd", "scheduler": "torch.optim.lr_scheduler:X"}}
+    for key in ("optimizer.lr", "optimizer.weight_decay", "schedule.warmup_steps"):
+        with pytest.raises(ConfigError) as caught:
+            parse_space({key: {"low": 1, "high": 4}}, base, "--space s.toml")
+        assert f'["{key}"] would change nothing: task.' in str(caught.value)
+    space = parse_space({"optimizer.grad_clip": {"low": 0.5, "high": 1.0}}, base)
+    assert [p.key for p in space.params] == ["optimizer.grad_clip"]
+    assert parse_space({"optimizer.lr": {"low": 0.01, "high": 0.1}}, BASE).params

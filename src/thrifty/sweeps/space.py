@@ -143,6 +143,7 @@ def parse_space(data: Mapping[str, Any], base: Mapping[str, Any], where: str = "
                 'name, as in ["optimizer.lr"])'
             )
         param = _param(key, table, where)
+        _check_applies(param, base, where)
         _check_values(param, base, where)
         params.append(param)
     return Space(tuple(params))
@@ -204,6 +205,28 @@ def _number(value: object) -> bool:
     return (
         isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     )
+
+
+# The keys a factory of [task] takes over: [optimizer]'s that build the optimizer (its
+# reference_batch and grad_clip still apply), and the whole of [schedule].
+_TAKEN_OVER = {
+    "optimizer": ("optimizer", ("name", "lr", "weight_decay", "betas", "momentum")),
+    "scheduler": ("schedule", None),
+}
+
+
+def _check_applies(param: Param, base: Mapping[str, Any], where: str) -> None:
+    """Refuse a key that a factory of the config makes a no-op: every trial would train alike."""
+    section, _, name = param.key.partition(".")
+    task = base.get("task")
+    for factory, (taken, keys) in _TAKEN_OVER.items():
+        path = task.get(factory) if isinstance(task, Mapping) else None
+        if path and section == taken and (keys is None or name in keys):
+            raise ConfigError(
+                f'{where}: ["{param.key}"] would change nothing: task.{factory} = {path!r} '
+                f"builds the {factory} and {param.key} does not reach it, so every trial "
+                f"would train alike; remove task.{factory} to sweep [{taken}]"
+            )
 
 
 def _check_values(param: Param, base: Mapping[str, Any], where: str) -> None:
