@@ -86,8 +86,12 @@ def test_the_skypilot_task_starts_one_sweep_worker_per_node(project, capsys, tmp
         (("--sweep", "nowhere.toml", "--storage", STORAGE), "--sweep nowhere.toml: no such file"),
         (("--storage", STORAGE), "--storage and --study are a sweep's"),
         (
-            ("--sweep", "space.toml", "--storage", STORAGE, "--bucket", "s3://b/x"),
-            "leave --bucket out with --sweep",
+            ("--sweep", "space.toml", "--storage", STORAGE, "--spot", "--engine", "skypilot"),
+            "--spot without --bucket: SkyPilot relaunches a preempted job on a new machine",
+        ),
+        (
+            ("--sweep", "space.toml", "--storage", STORAGE, "--bucket", "/shared/x"),
+            "--bucket '/shared/x' is invalid: SkyPilot's machines share no folder",
         ),
     ],
 )
@@ -95,3 +99,22 @@ def test_a_sweep_job_that_cannot_work_is_one_line(project, capsys, args, words):
     code, _, err = launch(capsys, *args, "--dry-run")
     assert code == 2
     assert words in err and err.count("\n") == 1
+
+
+def test_a_sweeps_bucket_reaches_every_trial_its_secret_in_the_environment(
+    project, capsys, tmp_path
+):
+    # Each trial then saves under BUCKET/trials/NNNN (tests/test_sweep.py): a trial a dead or
+    # preempted node leaves behind resumes there on whichever node takes it up.
+    bucket = "s3://AKIAIOSFODNN7EXAMPLE:bucket-s3cr3t@b/sweeps"
+    code, out, _ = launch(
+        capsys, *SWEEP, "--engine", "slurm", "--spot", "--bucket", bucket, "--set", "run.name=lr"
+    )
+    assert code == 0
+    text = job_file(out)
+    assert "bucket-s3cr3t" not in text and "CHECKPOINT_LOCATION" in text
+    box = Sandbox(tmp_path, project)
+    result = box.run_sbatch(text, {"THRIFTY_SWEEP_STORAGE": STORAGE, "CHECKPOINT_LOCATION": bucket})
+    assert result.returncode == 0, result.stderr
+    (srun,) = box.calls("srun")
+    assert srun[srun.index("python") + 1 :] == [*COMMAND, "--set", f"checkpoint.location={bucket}"]

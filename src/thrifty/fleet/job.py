@@ -172,7 +172,7 @@ class FleetJob:
         whatever this says, when the location holds a secret). A sweep's job runs one sweep
         worker instead, a trial per GPU of the node."""
         if self.sweep is not None:
-            return self._sweep_lines(per_node)
+            return self._sweep_lines(per_node, location_in_env)
         lines: list[list[Word]] = [
             ["python", "-m", "thrifty.fleet.agent"],
             ["--nnodes", nodes],
@@ -188,8 +188,7 @@ class FleetJob:
             lines.append(["--set", location_word(self.location, location_in_env)[0]])
         return lines
 
-
-    def _sweep_lines(self, per_node: Word) -> list[list[Word]]:
+    def _sweep_lines(self, per_node: Word, location_in_env: bool) -> list[list[Word]]:
         sweep = self.sweep
         assert sweep is not None
         lines: list[list[Word]] = [
@@ -201,7 +200,10 @@ class FleetJob:
         ]
         if sweep.storage is not None:
             lines.insert(2, ["--storage", Env(STORAGE_ENV)])
-        return lines + [["--set", word] for word in override_words(self.overrides)[0]]
+        lines += [["--set", word] for word in override_words(self.overrides)[0]]
+        if self.location is not None:  # each trial's saves in a folder of their own there
+            lines.append(["--set", location_word(self.location, location_in_env)[0]])
+        return lines
 
 
 def storage_extra(location: str | None) -> str | None:

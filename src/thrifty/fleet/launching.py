@@ -70,9 +70,12 @@ def build_job(args: argparse.Namespace, config: TrainConfig, cwd: Path) -> Fleet
         raise ConfigError(f"--max-restarts {args.max_restarts} is invalid: give 0 or more")
     rel = relative_config(args.config, cwd)
     sweep = sweep_job(args, config, cwd)
-    if sweep is None:
-        check_bucket(args.bucket, args.engine)
-        check_storage(args.nodes, args.bucket or config.checkpoint.location, args.engine, args.spot)
+    check_bucket(args.bucket, args.engine)
+    # A sweep's nodes share only the study: one that dies leaves its trials to the others,
+    # which resume them from a bucket and start them again without one. A SkyPilot spot
+    # relaunch is always a new machine: its trials' saves must be in a bucket.
+    nodes = 1 if sweep is not None else args.nodes
+    check_storage(nodes, args.bucket or config.checkpoint.location, args.engine, args.spot)
     workers = config.data.num_workers
     return FleetJob(
         name=job_name(config.run.name),
@@ -94,9 +97,9 @@ def build_job(args: argparse.Namespace, config: TrainConfig, cwd: Path) -> Fleet
 
 
 def sweep_job(args: argparse.Namespace, config: TrainConfig, cwd: Path) -> SweepJob | None:
-    """`--sweep SPACE.toml`: one sweep worker per node (None without it). Each trial keeps its
-    checkpoints in its own run directory, so --bucket (one run's location) does not apply; more
-    than one node needs --storage, the study they share."""
+    """`--sweep SPACE.toml`: one sweep worker per node (None without it). With --bucket each
+    trial checkpoints to a folder of its own there (`thrifty.sweeps.trial`); more than one
+    node needs --storage, the study they share."""
     given = getattr(args, "sweep", None)
     if given is None:
         if getattr(args, "storage", None) or getattr(args, "study", None):
@@ -104,11 +107,6 @@ def sweep_job(args: argparse.Namespace, config: TrainConfig, cwd: Path) -> Sweep
         return None
     if not Path(given).is_file():
         raise ConfigError(f"--sweep {given}: no such file; give the sweep's SPACE.toml")
-    if args.bucket is not None:
-        raise ConfigError(
-            "--bucket is one run's checkpoint location: a sweep's trials checkpoint in their own "
-            "run directories; leave --bucket out with --sweep"
-        )
     if args.nodes > 1 and not args.storage:
         raise ConfigError(
             f"--nodes {args.nodes} with --sweep needs --storage URL: the study the nodes share "
