@@ -169,6 +169,23 @@ def test_linear_scaling_rule_sets_the_optimizer_lr(tmp_path):
     assert trainer.accumulation == 4
 
 
+def test_an_lr_the_config_sets_beside_an_optimizer_of_your_own_is_said_unused(tmp_path, caplog):
+    def sgd(model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=0.05)
+
+    config = cfg(tmp_path, run={"max_steps": 1}, optimizer={"lr": 1e-3, "grad_clip": 0.5})
+    with caplog.at_level("WARNING", logger="thrifty"):
+        trainer = Trainer(tiny_gpt(), TokenDataset(n=16), config, optimizer=sgd)
+    assert trainer.optimizer.param_groups[0]["lr"] == 0.05  # the factory's, as said
+    (line,) = [m for m in caplog.messages if "not used" in m]
+    assert line.startswith("optimizer.lr = 0.001 not used: the optimizer is yours")
+    assert "a SGD with lr 0.05" in line and "grad_clip" not in line
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="thrifty"):
+        Trainer(tiny_gpt(), TokenDataset(n=16), cfg(tmp_path, run={"max_steps": 1}), optimizer=sgd)
+    assert not [m for m in caplog.messages if "not used" in m]  # nothing set: nothing to say
+
+
 def test_zero_grad_frees_gradients_after_each_step(tmp_path):
     model = tiny_gpt()
     Trainer(model, TokenDataset(n=32), cfg(tmp_path, run={"max_steps": 1})).fit()

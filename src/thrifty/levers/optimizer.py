@@ -3,6 +3,7 @@ learning rate scaled by the linear scaling rule for the effective batch."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -24,10 +25,38 @@ def make_optimizer(
 ) -> torch.optim.Optimizer:
     """The optimizer to train with, its lr scaled (and recorded as the schedule's base)."""
     optimizer = _optimizer(given, model, config, device)
+    if given is not None:
+        warn_unused(config, optimizer)
     for group in optimizer.param_groups:
         group["lr"] = scaled_lr(group["lr"], effective_batch, config.reference_batch)
         group["initial_lr"] = group["lr"]  # the schedule multiplies the scaled rate
     return optimizer
+
+
+# What [optimizer] sets only for the optimizer thrifty builds (reference_batch and grad_clip
+# apply to any).
+BUILT_ONLY = ("name", "lr", "weight_decay", "betas", "momentum")
+
+
+def warn_unused(config: OptimizerConfig, optimizer: torch.optim.Optimizer) -> None:
+    """Say which of [optimizer]'s values, set to other than their defaults, an optimizer the
+    user built leaves unused: `optimizer.lr = 0.01` beside a factory of its own is not 0.01."""
+    defaults = OptimizerConfig()
+    unused = [
+        f"optimizer.{name} = {getattr(config, name)!r}"
+        for name in BUILT_ONLY
+        if getattr(config, name) != getattr(defaults, name)
+    ]
+    if unused:
+        lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
+        logging.getLogger("thrifty").warning(
+            "%s not used: the optimizer is yours (task.optimizer, or the one given), a %s with "
+            "lr %s; set %s there, or leave the optimizer to thrifty",
+            " and ".join(unused),
+            type(optimizer).__name__,
+            lr,
+            "them" if len(unused) > 1 else "it",
+        )
 
 
 def _optimizer(
