@@ -467,22 +467,24 @@ def test_a_checkpoint_location_in_the_config_gives_each_trial_a_folder_of_its_ow
     assert code == 0, err
     assert [(t["state"], t["steps"]) for t in record(out)["trials"]] == [("complete", 20)] * 2
     for number in ("0000", "0001"):
-        assert (place / "trials" / number / "step-00000020" / MANIFEST).is_file()
+        assert (place / "sweep" / "trials" / number / "step-00000020" / MANIFEST).is_file()
         assert "resumed" not in (out / "trials" / number / "train.log").read_text()
-    assert sorted(p.name for p in place.iterdir()) == ["trials"]
+    assert sorted(p.name for p in place.iterdir()) == ["sweep"]  # the study's name
 
 
 def test_a_trials_checkpoint_place_is_in_its_config_never_on_its_command_line() -> None:
     from thrifty.sweeps.trial import TrialSetup, command, trial_config, trial_place
 
-    assert trial_place("s3://b/runs/", 3) == "s3://b/runs/trials/0003"
-    assert trial_place("https://h/p?sig=x", 12) == "https://h/p/trials/0012?sig=x"
+    assert trial_place("s3://b/runs/", "lr", 3) == "s3://b/runs/lr/trials/0003"
+    assert trial_place("https://h/p?sig=x", "lr", 12) == "https://h/p/lr/trials/0012?sig=x"
+    assert trial_place("/saves", "../up/x y", 1) == "/saves/_up_x_y/trials/0001"
+    assert trial_place("/saves", "..", 1) == "/saves/_/trials/0001"
     secret = "s3://key:secret@bucket/saves"
     given = {"run": {"max_steps": 5}, "checkpoint": {"location": secret, "every": 10}}
     setup = TrialSetup(
         config_text=b"", overrides=[f"checkpoint.location={secret}", "run.seed=1"],
         out=Path("out"), env={}, pruner_name="none", pruner=None, storage=None,
-        places={"checkpoint.location": secret}, given=given,
+        places={"checkpoint.location": secret}, given=given, study="lr",
     )  # fmt: skip
     args = command(setup, {"optimizer.lr": 0.1}, Path("out/trials/0007"), 5)
     assert not [a for a in args if "secret" in a]
@@ -490,7 +492,7 @@ def test_a_trials_checkpoint_place_is_in_its_config_never_on_its_command_line() 
     from thrifty.config import toml_loads
 
     sent = toml_loads(trial_config(setup, 7).decode())
-    assert sent["checkpoint"] == {"location": f"{secret}/trials/0007", "every": 10}
+    assert sent["checkpoint"] == {"location": f"{secret}/lr/trials/0007", "every": 10}
     assert given["checkpoint"]["location"] == secret  # the sweep's own copy is left as it was
 
 
@@ -542,7 +544,7 @@ def test_trials_checkpoint_to_an_object_store_each_under_its_own_prefix(
 
         fs = s3fs.S3FileSystem(**options)
         for number in ("0000", "0001"):
-            assert fs.exists(f"{BUCKET}/sweep/trials/{number}/step-00000020/{MANIFEST}")
+            assert fs.exists(f"{BUCKET}/sweep/sweep/trials/{number}/step-00000020/{MANIFEST}")
     assert [(t["state"], t["steps"]) for t in record(out)["trials"]] == [("complete", 20)] * 2
     written = [p for p in out.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     assert written == [] and secret not in err

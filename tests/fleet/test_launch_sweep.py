@@ -104,7 +104,7 @@ def test_a_sweep_job_that_cannot_work_is_one_line(project, capsys, args, words):
 def test_a_sweeps_bucket_reaches_every_trial_its_secret_in_the_environment(
     project, capsys, tmp_path
 ):
-    # Each trial then saves under BUCKET/trials/NNNN (tests/test_sweep.py): a trial a dead or
+    # Each trial then saves under BUCKET/STUDY/trials/NNNN (tests/test_sweep.py): a trial a dead or
     # preempted node leaves behind resumes there on whichever node takes it up.
     bucket = "s3://AKIAIOSFODNN7EXAMPLE:bucket-s3cr3t@b/sweeps"
     code, out, _ = launch(

@@ -122,6 +122,7 @@ def make_sweep(
     setup = TrialSetup(
         places=places,
         given=given if places else None,
+        study=the_study.study_name,
         config_text=_config_text(config),
         overrides=list(o.overrides),
         out=folder,

@@ -22,9 +22,10 @@ so the two run it together for a renewal's interval at most; a renewal that fail
 once, and so is the renewal that works again.
 
 Where the config names its checkpoints' place (checkpoint.location, checkpoint.local_dir), each
-trial saves under it in a folder of its own, as under --out: `PLACE/trials/NNNN`. The trial's
-config then carries it, on its stdin as ever; a shared place would hand each trial the last
-one's checkpoint to resume.
+trial saves under it in a folder of its own, `PLACE/STUDY/trials/NNNN`: the study's name keeps
+two sweeps of one config apart, and every worker of one sweep finds a trial's saves where
+another left them. The trial's config then carries it, on its stdin as ever; a shared place
+would hand each trial the last one's checkpoint to resume.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import copy
 import json
 import math
 import os
+import re
 import select
 import signal
 import sys
@@ -86,6 +88,7 @@ class TrialSetup:
     # trial's own places are written into.
     places: dict[str, str] = field(default_factory=dict)
     given: dict[str, Any] | None = None
+    study: str = ""  # the study's name: its folder under each place
 
 
 class Leases:
@@ -206,15 +209,17 @@ def trial_config(setup: TrialSetup, number: int) -> bytes:
     config = copy.deepcopy(setup.given)
     section = config.setdefault("checkpoint", {})
     for key, place in setup.places.items():
-        section[key.partition(".")[2]] = trial_place(place, number)
+        section[key.partition(".")[2]] = trial_place(place, setup.study, number)
     return dump_toml(config).encode()
 
 
-def trial_place(place: str, number: int) -> str:
-    """Trial `number`'s folder under a checkpoint place: a path or a URL, whose query (if any)
-    stays at its end."""
+def trial_place(place: str, study: str, number: int) -> str:
+    """Trial `number`'s folder under a checkpoint place, `PLACE/STUDY/trials/NNNN`: a path or a
+    URL, whose query (if any) stays at its end. The study's name is one folder's, whatever its
+    characters ("runs/a" is `runs_a`, ".." is `_`)."""
+    folder = re.sub(r"[^A-Za-z0-9._-]", "_", study).strip(".") or "_"
     base, mark, query = place.partition("?")
-    return f"{base.rstrip('/')}/trials/{number:04d}{mark}{query}"
+    return f"{base.rstrip('/')}/{folder}/trials/{number:04d}{mark}{query}"
 
 
 def run_trial(
@@ -447,7 +452,7 @@ def resumes_from(setup: TrialSetup, out: Path, number: int) -> str:
     location = setup.places.get("checkpoint.location")
     if location is not None and is_remote(location):
         return "it resumes from its newest checkpoint"
-    folder = trial_place(location, number) if location else str(out / "checkpoints")
+    folder = trial_place(location, setup.study, number) if location else str(out / "checkpoints")
     try:
         steps = scan(LocalStorage(folder)).published
     except OSError:
