@@ -71,6 +71,13 @@ def train(out, at=None, **kw):
     return model, result
 
 
+def assert_same_weights(model: nn.Module, reference: nn.Module) -> None:
+    """Every tensor of the two state dicts equal, bit for bit."""
+    pairs = zip(reference.state_dict().items(), model.state_dict().values(), strict=True)
+    for (name, a), b in pairs:
+        assert torch.equal(a, b), name
+
+
 def losses(out) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r}
 
@@ -89,10 +96,7 @@ def test_interrupted_and_resumed_run_matches_the_uninterrupted_one_bit_for_bit(
     assert first.steps < 12
     resumed, second = train(tmp_path / "cut", workers=workers, accumulate=accumulate)
     assert second.steps == 12 and second.stop_reason == "max_steps"
-    for (name, a), b in zip(
-        reference.state_dict().items(), resumed.state_dict().values(), strict=True
-    ):
-        assert torch.equal(a, b), name
+    assert_same_weights(resumed, reference)
     assert losses(tmp_path / "cut") == losses(tmp_path / "ref")  # the whole trajectory
 
 
@@ -139,6 +143,41 @@ def test_resume_from_an_explicit_checkpoint(tmp_path):
     assert result.steps == 14
     first = read_metrics(tmp_path / "b" / "metrics.jsonl")[0]
     assert first == {"step": int(ckpt.name.split("-")[1]), "event": "resumed"}
+
+
+def test_a_warm_started_run_preempted_resumes_its_own_save_not_the_one_it_started_from(tmp_path):
+    # A spot relaunch repeats the command, checkpoint.resume and all: it once went back to the
+    # checkpoint the run started from at every preemption, throwing away what it had trained.
+    train(tmp_path / "a", every=4)  # checkpoints at 8 and 12 kept
+    start = tmp_path / "a" / "checkpoints" / "step-00000008"
+    settings = {"checkpoint": {"resume": str(start)}, "steps": 14}
+    reference, _ = train(tmp_path / "ref", **settings)
+    train(tmp_path / "b", at=3, **settings)  # SIGTERM on its 3rd forward: saves and stops
+    saved = max(int(p.name.split("-")[1]) for p in (tmp_path / "b" / "checkpoints").glob("step-*"))
+    assert saved > 8
+    model, result = train(tmp_path / "b", **settings)
+    assert result.steps == 14
+    resumed = [r for r in read_metrics(tmp_path / "b" / "metrics.jsonl") if "event" in r]
+    assert [r["step"] for r in resumed if r["event"] == "resumed"] == [8, saved]
+    assert losses(tmp_path / "b") == losses(tmp_path / "ref")
+    assert_same_weights(model, reference)
+
+
+def test_a_finished_run_extended_then_preempted_keeps_its_schedules_horizon_on_resume(tmp_path):
+    # The extension keeps the cosine's horizon of 12 steps; its checkpoints' config says 16,
+    # and a resume from one once rebuilt the schedule on 16: the learning rate jumped.
+    def lrs(out):
+        return [r["lr"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+
+    for name in ("whole", "stopped"):
+        train(tmp_path / name, every=4)
+    reference, _ = train(tmp_path / "whole", steps=16)
+    train(tmp_path / "stopped", at=2, steps=16)  # SIGTERM on its 2nd forward: 13 is saved
+    model, result = train(tmp_path / "stopped", steps=16)
+    assert result.steps == 16
+    assert lrs(tmp_path / "stopped") == lrs(tmp_path / "whole")
+    assert losses(tmp_path / "stopped") == losses(tmp_path / "whole")
+    assert_same_weights(model, reference)
 
 
 class _Preempted(http.server.BaseHTTPRequestHandler):
@@ -216,10 +255,7 @@ def test_resume_on_a_new_machine_pulls_the_checkpoint_from_s3(tmp_path, monkeypa
     finally:
         server.stop()
     assert second.steps == 12
-    for (name, a), b in zip(
-        reference.state_dict().items(), resumed.state_dict().values(), strict=True
-    ):
-        assert torch.equal(a, b), name
+    assert_same_weights(resumed, reference)
     assert read_metrics(tmp_path / "machine-b" / "metrics.jsonl")[0] == {
         "step": first.steps,
         "event": "resumed",

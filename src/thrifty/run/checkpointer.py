@@ -383,6 +383,7 @@ class RunCheckpointer:
             state_version=STATE_VERSION,
             scheduler=p.scheduler.state_dict(),
             scheduler_kind=scheduler_kind(p.scheduler),
+            schedule_horizon=self.horizon,  # the one in use: a resume may have kept an older
             rng=rng_state(),
             data=self._data_state(),
             shuffle=SHUFFLE,
@@ -413,7 +414,9 @@ class RunCheckpointer:
         allow = self.config.run.allow_config_change
         changes = check_resume_changes(state["config"], current, allow)
         self.resume_changes = changes
-        horizon = resume_horizon(state["config"], current, layout.steps_per_epoch)
+        horizon = resume_horizon(
+            state["config"], current, layout.steps_per_epoch, state.get("schedule_horizon")
+        )
         if self._make_scheduler is not None and horizon != self.horizon:  # None: a user's
             self.horizon = horizon
             p.scheduler = self._make_scheduler(horizon)

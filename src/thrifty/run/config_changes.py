@@ -243,14 +243,22 @@ def schedule_horizon(config: Mapping[str, Any], steps_per_epoch: int | None = No
 
 
 def resume_horizon(
-    saved: Mapping[str, Any] | None, current: Mapping[str, Any], steps_per_epoch: int | None
+    saved: Mapping[str, Any] | None,
+    current: Mapping[str, Any],
+    steps_per_epoch: int | None,
+    trained: int | None = None,
 ) -> int | None:
     """The horizon (optimizer steps) a resumed run's schedule must use: this run's
     schedule.total_steps when it gives one, else the horizon the checkpoint was trained with,
-    so that a larger budget does not move the cosine and make the learning rate jump."""
+    so that a larger budget does not move the cosine and make the learning rate jump. That is
+    `trained`, the horizon its run used (a run resumed with a larger budget keeps its older
+    one, and its config no longer says so), else the one its config gives (a checkpoint
+    written before the horizon was kept in it)."""
     given = current.get("schedule", {}).get("total_steps")
     if given is not None:
         return int(given)
+    if trained is not None:
+        return int(trained)
     kept = schedule_horizon(saved or {}, steps_per_epoch)
     return kept if kept is not None else schedule_horizon(current, steps_per_epoch)
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thrifty.checkpoint import CheckpointInfo, CheckpointManager
+from thrifty.checkpoint import CheckpointInfo, CheckpointManager, NoValidCheckpointError
 from thrifty.checkpoint.storage import is_remote, redact
 from thrifty.config import CheckpointConfig, SpotConfig, parse_duration
 from thrifty.run.preemption import PreemptionWatcher
@@ -195,15 +196,49 @@ def resume_point(
     With resume = auto, None means there is no checkpoint at all; when checkpoints exist but
     none verifies, NoValidCheckpointError (a ThriftyError) says so, naming the location, what
     failed and the choices, and nothing is deleted.
+
+    A checkpoint named elsewhere than the run's own location is where the run starts from
+    (a warm start): once the run has saved past it, the same command resumes the run's own
+    newest save. A relaunch after a preemption repeats the command, and would otherwise go
+    back to the named checkpoint every time. One in the run's own location (a rollback) is
+    loaded as named.
     """
     mode = config.resume
     if mode == "never":
         return None, "resume = never"
+    where = redact(manager.location)
     if mode == "auto":
         info = manager.latest()
-        where = redact(manager.location)
         return info, f"newest valid checkpoint at {where}" if info else f"no checkpoint at {where}"
+    named = _named_step(mode)
+    if named is not None and not _in_own_location(mode, manager):
+        try:
+            own = manager.latest()
+        except NoValidCheckpointError as exc:
+            log.warning("%s; starting from %s, which checkpoint.resume names", exc, redact(mode))
+            own = None
+        if own is not None and own.step > named:
+            return own, (
+                f"its own newest checkpoint at {where}, past step {named} of {redact(mode)}, "
+                "which checkpoint.resume names: the run started from that one"
+            )
     return mode, f"checkpoint {redact(mode)}"
+
+
+def _named_step(ref: str) -> int | None:
+    """The step of a checkpoint folder by its name (`step-00000120`); None for another name."""
+    match = re.fullmatch(r"step-(\d+)", ref.rstrip("/").rpartition("/")[2])
+    return int(match.group(1)) if match else None
+
+
+def _in_own_location(ref: str, manager: CheckpointManager) -> bool:
+    """Whether the checkpoint `ref` names is one of the run's own: in its location (or the
+    local folder that stages it)."""
+    parent = ref.rstrip("/").rpartition("/")[0]
+    if is_remote(ref):
+        return redact(parent) == manager.location
+    own = {os.path.realpath(manager.local_dir), os.path.realpath(manager.location)}
+    return os.path.realpath(parent or ".") in own
 
 
 def finish_uploads(manager: CheckpointManager, config: CheckpointConfig) -> dict[str, Any]:
