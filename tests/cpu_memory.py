@@ -1,55 +1,44 @@
-"""A CPU step's peak memory, as CUDA's `max_memory_allocated` measures a GPU step's: glibc's
-count of the bytes malloc has handed out and not taken back, read after every aten operator
-(forward, backward and the optimizer's step)."""
+"""A CPU step's peak memory, as CUDA's `max_memory_allocated` counts a GPU step's: the bytes of
+the tensor storages alive at once, each storage counted from the operator that made it until
+it is freed (a weak reference on it says when). Only this thread's operators are seen (the
+forward, the backward autograd runs on it, the optimizer's step), so nothing another thread
+of the process allocates meanwhile (a checkpoint writer, a sampler) moves the figure."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
+import weakref
 from typing import Any
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd",
-            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
-        )
-    ]  # fmt: skip
-
-
-def _libc() -> Any:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallinfo2.restype = _MallInfo2
-        return libc
-    except (OSError, AttributeError):  # not glibc, or a glibc older than 2.33
-        return None
-
-
-_LIBC = _libc()
-AVAILABLE = _LIBC is not None
-
-
-def in_use() -> int:
-    """Bytes allocated and not freed: malloc's arenas and its mmapped blocks, every thread's."""
-    info = _LIBC.mallinfo2()
-    return int(info.uordblks + info.hblkhd)
+from torch.utils._pytree import tree_leaves
 
 
 class PeakMemory(TorchDispatchMode):
-    """Within: `peak`, the most bytes in use above what was in use on entry."""
+    """Within: `peak`, the most bytes of storages made within alive at one time."""
 
     def __enter__(self) -> PeakMemory:
-        self.base, self.peak = in_use(), 0
+        self.live: dict[int, int] = {}  # storage's data_ptr -> its bytes
+        self.now = self.peak = 0
         return super().__enter__()
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         out = func(*args, **(kwargs or {}))
-        self.peak = max(self.peak, in_use() - self.base)
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self._track(leaf.untyped_storage())
+        self.peak = max(self.peak, self.now)
         return out
+
+    def _track(self, storage: torch.UntypedStorage) -> None:
+        key, size = storage.data_ptr(), storage.nbytes()
+        if size == 0 or key in self.live:  # a view, or an op that wrote into its input
+            return
+        self.live[key] = size
+        self.now += size
+        weakref.finalize(storage, self._freed, key)
+
+    def _freed(self, key: int) -> None:
+        self.now -= self.live.pop(key, 0)

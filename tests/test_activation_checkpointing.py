@@ -257,16 +257,15 @@ def test_blocks_that_hold_the_same_keep_their_alternate_positions():
 # The micro-batch a heavier policy would fit, predicted from a run's measured memory
 
 
-@pytest.mark.skipif(not cpu_memory.AVAILABLE, reason="the peak is read from glibc's mallinfo2")
 @pytest.mark.parametrize(
     "vocab",
     [256, 2048],  # the blocks save the most / the logits do (as GPT-2's 50,304 on an H200)
 )
 def test_the_micro_batch_a_heavier_policy_fits_is_what_a_real_step_fits(vocab):
-    # A GPT trained in bf16 on the CPU, the step's peak measured as CUDA's allocator measures
-    # it: 8 samples fit without checkpointing, 16 do not. Autocast's bf16 weights, which a
-    # Linear saves at any size, were counted as activations: the prediction for "all" was 55
-    # where 33 fit (151% of the limit at 55), and a count on one sample scaled to the size
+    # A GPT trained in bf16 on the CPU, the step's peak measured as CUDA's allocator counts
+    # it (`cpu_memory`): 8 samples fit without checkpointing, 16 do not. Autocast's bf16 weights, which a
+    # Linear saves at any size, were counted as activations: the prediction for "all" was 52,
+    # whose step peaked at 152% of the limit, and a count on one sample scaled to the size
     # found multiplied them by it. Backward's first recomputation holds a block's activations
     # again.
     torch.manual_seed(0)
