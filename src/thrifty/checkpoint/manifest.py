@@ -178,6 +178,12 @@ def step_dir(step: int) -> str:
     return f"step-{step:08d}"
 
 
+def step_of(name: str) -> int | None:
+    """The step a checkpoint folder's name (`step-00000120`) says; None for another name."""
+    match = _STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
+
+
 def read_published(storage: Storage, step: int) -> Manifest | None:
     """The manifest of checkpoint `step` in `storage`; None when it has none (not published)."""
     name = step_dir(step)
@@ -210,10 +216,9 @@ def scan(storage: Storage, *, warn: bool = False) -> Listing:
     damaged one by name."""
     listing = Listing({}, [], {})
     for name in storage.list():
-        match = _STEP_DIR.match(name)
-        if match is None:
+        step = step_of(name)
+        if step is None:
             continue
-        step = int(match.group(1))
         try:
             manifest = read_published(storage, step)
         except CorruptCheckpointError as exc:

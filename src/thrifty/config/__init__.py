@@ -33,6 +33,7 @@ from thrifty.config.operations import (
     TaskConfig,
 )
 from thrifty.config.sections import (
+    OPTIMIZER_BUILT_ONLY,
     ActivationCheckpointingConfig,
     BatchConfig,
     CompileConfig,
@@ -47,6 +48,7 @@ from thrifty.config.sections import (
 from thrifty.config.train import TrainConfig, load_config
 
 __all__ = [
+    "OPTIMIZER_BUILT_ONLY",
     "PRICINGS",
     "HISTORY_TABLE",
     "ActivationCheckpointingConfig",

@@ -164,6 +164,12 @@ class BatchConfig:
         return self.micro
 
 
+# What [optimizer] sets only for the optimizer thrifty builds: one of the user's own
+# (task.optimizer, or one given in Python) takes none of them. reference_batch and grad_clip
+# apply to any.
+OPTIMIZER_BUILT_ONLY = ("name", "lr", "weight_decay", "betas", "momentum")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OptimizerConfig:
     """The optimizer the Trainer builds when none is given, and gradient clipping."""

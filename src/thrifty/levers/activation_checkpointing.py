@@ -93,17 +93,16 @@ def policy_savings(
 
 def held_again(
     blocks: Sequence[str],
+    chosen: Sequence[str],
     held: Mapping[str, int],
     inputs: Mapping[str, int],
-    policy: str,
     head: int,
 ) -> int:
-    """What a policy adds back to the step's peak: backward's first recomputation holds its
-    block's activations again. When the policy recomputes the model's last block, backward
-    does that first, once it has run the head (what comes after the last block, which saved
-    `head` bytes and frees them). Otherwise the blocks backward ran first freed at least as
-    much. Bytes; 0 for "off"."""
-    chosen = [] if policy == "off" else policy_blocks(blocks, held).get(policy, [])
+    """What recomputing `chosen` (of `blocks`) adds back to the step's peak: backward's first
+    recomputation holds its block's activations again. When the last block is recomputed,
+    backward does that first, once it has run the head (what comes after the last block,
+    which saved `head` bytes and frees them). Otherwise the blocks backward ran first freed
+    at least as much. Bytes."""
     if not chosen or chosen[-1] != blocks[-1]:
         return 0
     return max(0, held.get(blocks[-1], 0) - inputs.get(blocks[-1], 0) - head)
@@ -141,10 +140,11 @@ def micro_that_fits(
     (m1, p1), (m2, p2) = peaks[-2:]
     per_sample = (p2 - p1) / (m2 - m1)
     fixed = p2 - per_sample * m2
-    own_again = held_again(blocks, held, inputs, policy, head)
+    chosen = policy_blocks(blocks, held)
+    own_again = held_again(blocks, chosen.get(policy, []), held, inputs, head)
     fits = {}
     for name, freed in savings.items():
-        again = held_again(blocks, held, inputs, name, head) - own_again
+        again = held_again(blocks, chosen[name], held, inputs, head) - own_again
         kept = per_sample - (freed - own - again) / micro
         if freed > own and kept > 0:
             fits[name] = max(0, math.floor((limit_bytes - fixed) / kept))

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from thrifty.config import OptimizerConfig
+from thrifty.config import OPTIMIZER_BUILT_ONLY, OptimizerConfig
 from thrifty.errors import ThriftyError
 from thrifty.levers.schedule import scaled_lr
 
@@ -33,18 +33,13 @@ def make_optimizer(
     return optimizer
 
 
-# What [optimizer] sets only for the optimizer thrifty builds (reference_batch and grad_clip
-# apply to any).
-BUILT_ONLY = ("name", "lr", "weight_decay", "betas", "momentum")
-
-
 def warn_unused(config: OptimizerConfig, optimizer: torch.optim.Optimizer) -> None:
     """Say which of [optimizer]'s values, set to other than their defaults, an optimizer the
     user built leaves unused: `optimizer.lr = 0.01` beside a factory of its own is not 0.01."""
     defaults = OptimizerConfig()
     unused = [
         f"optimizer.{name} = {getattr(config, name)!r}"
-        for name in BUILT_ONLY
+        for name in OPTIMIZER_BUILT_ONLY
         if getattr(config, name) != getattr(defaults, name)
     ]
     if unused:

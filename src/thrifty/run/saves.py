@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.checkpoint import CheckpointInfo, CheckpointManager, NoValidCheckpointError
+from thrifty.checkpoint.manifest import step_of
 from thrifty.checkpoint.storage import is_remote, redact
 from thrifty.config import CheckpointConfig, SpotConfig, parse_duration
 from thrifty.run.preemption import PreemptionWatcher
@@ -210,7 +210,7 @@ def resume_point(
     if mode == "auto":
         info = manager.latest()
         return info, f"newest valid checkpoint at {where}" if info else f"no checkpoint at {where}"
-    named = _named_step(mode)
+    named = step_of(mode.rstrip("/").rpartition("/")[2])
     if named is not None and not _in_own_location(mode, manager):
         try:
             own = manager.latest()
@@ -223,12 +223,6 @@ def resume_point(
                 "which checkpoint.resume names: the run started from that one"
             )
     return mode, f"checkpoint {redact(mode)}"
-
-
-def _named_step(ref: str) -> int | None:
-    """The step of a checkpoint folder by its name (`step-00000120`); None for another name."""
-    match = re.fullmatch(r"step-(\d+)", ref.rstrip("/").rpartition("/")[2])
-    return int(match.group(1)) if match else None
 
 
 def _in_own_location(ref: str, manager: CheckpointManager) -> bool:

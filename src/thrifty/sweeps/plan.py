@@ -121,7 +121,7 @@ def make_sweep(
     }
     setup = TrialSetup(
         places=places,
-        given=given if places else None,
+        given=given,
         study=the_study.study_name,
         config_text=_config_text(config),
         overrides=list(o.overrides),

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from thrifty.config import (
+    OPTIMIZER_BUILT_ONLY,
     TrainConfig,
     apply_overrides,
     parse_set_args,
@@ -207,10 +208,10 @@ def _number(value: object) -> bool:
     )
 
 
-# The keys a factory of [task] takes over: [optimizer]'s that build the optimizer (its
-# reference_batch and grad_clip still apply), and the whole of [schedule].
+# The keys a factory of [task] takes over: [optimizer]'s that only build thrifty's optimizer,
+# and the whole of [schedule].
 _TAKEN_OVER = {
-    "optimizer": ("optimizer", ("name", "lr", "weight_decay", "betas", "momentum")),
+    "optimizer": ("optimizer", OPTIMIZER_BUILT_ONLY),
     "scheduler": ("schedule", None),
 }
 

@@ -84,10 +84,10 @@ class TrialSetup:
     brackets: list[hyperband.Bracket] | None = None  # with --pruner hyperband
     trials: int | None = None  # --trials: where the last Hyperband bracket is cut short
     leases: Leases = field(default_factory=lambda: Leases())
-    # With a checkpoint place set (PLACE_KEYS: its value): the config, --set applied, that each
-    # trial's own places are written into.
+    # The config with --set applied, and the checkpoint places it sets (PLACE_KEYS: the
+    # value): each trial's own are written into it.
+    given: dict[str, Any] = field(default_factory=dict)
     places: dict[str, str] = field(default_factory=dict)
-    given: dict[str, Any] | None = None
     study: str = ""  # the study's name: its folder under each place
 
 
@@ -204,7 +204,7 @@ def command(setup: TrialSetup, params: dict[str, Any], out: Path, progress_fd: i
 def trial_config(setup: TrialSetup, number: int) -> bytes:
     """The config trial `number` reads: the sweep's as given, or, with a checkpoint place
     set, the config (--set applied) with the trial's own places under it."""
-    if not setup.places or setup.given is None:
+    if not setup.places:
         return setup.config_text
     config = copy.deepcopy(setup.given)
     section = config.setdefault("checkpoint", {})
