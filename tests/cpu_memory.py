@@ -2,7 +2,12 @@
 the tensor storages alive at once, each storage counted from the operator that made it until
 it is freed (a weak reference on it says when). Only this thread's operators are seen (the
 forward, the backward autograd runs on it, the optimizer's step), so nothing another thread
-of the process allocates meanwhile (a checkpoint writer, a sampler) moves the figure."""
+of the process allocates meanwhile (a checkpoint writer, a sampler) moves the figure.
+
+An operator's output that shares a storage with one of its inputs made none: a view, an
+in-place result, or `detach` (activation checkpointing detaches the parameters, whose storages
+were made before the meter started, and counting them there added a second copy of every
+checkpointed block's weights to the peak)."""
 
 from __future__ import annotations
 
@@ -26,8 +31,13 @@ class PeakMemory(TorchDispatchMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         out = func(*args, **(kwargs or {}))
+        given = {
+            leaf.untyped_storage().data_ptr()
+            for leaf in tree_leaves((args, kwargs))
+            if isinstance(leaf, torch.Tensor)
+        }
         for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
+            if isinstance(leaf, torch.Tensor) and leaf.untyped_storage().data_ptr() not in given:
                 self._track(leaf.untyped_storage())
         self.peak = max(self.peak, self.now)
         return out

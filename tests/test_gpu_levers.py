@@ -21,7 +21,7 @@ from thrifty import cli
 from thrifty.errors import ConfigError
 from thrifty.levers import fp8
 from thrifty.levers.precision import resolve_precision
-from thrifty.tuning.compare import FAILED, NOT_RUN, Comparison, conclude
+from thrifty.tuning.compare import FAILED, NOT_RUN, OPEN, Comparison, conclude
 from thrifty.tuning.search import Search
 from thrifty.tuning.space import (
     AUTO,
@@ -448,14 +448,42 @@ def test_a_paired_run_the_budget_ended_leaves_the_comparison_open_not_failed():
         no_step(Candidate("03-compile.b2", "compile", b), 13.0, Path("b2"), ready=9.0),
     ]
     conclude(c)
+    # The one round measured is said, not "not measured"; it decides nothing on its own.
+    assert c.decision == OPEN
+    assert c.line == (
+        "03-compile against 00-baseline: 1.34x samples/s in its one round; the budget ended "
+        "before a second, which an interval needs; keeping the config as given"
+    )
+    assert c.to_dict()["ratio"] == pytest.approx(135.0 / (100.0 * 101.0) ** 0.5)
+    c.blocks = c.blocks[:1]  # no round at all
+    conclude(c)
     assert c.decision == NOT_RUN
     assert c.line == (
-        "03-compile against 00-baseline: not measured (the budget ended before two rounds); "
+        "03-compile against 00-baseline: not measured (the budget ended before a round); "
         "keeping the config as given"
     )
+    c.blocks = c.blocks + [trial("03-compile.b1", b, 135.0)]
     c.blocks[-1] = failed(Candidate("03-compile.b2", "compile", b), 13.0, Path("b2"), 1, "boom")
     conclude(c)
     assert c.decision == FAILED  # a crash is a failure
+
+
+def test_a_first_step_slower_than_the_wait_is_not_called_hung():
+    # On a loaded machine whose steps took 2-2.5 s, a trial the budget ended 8 s after it was
+    # ready was called "hung: no step completed in 8 s". Hung now needs a wait of 30 s and of
+    # five of the slowest steps the tune measured.
+    candidate = Candidate("02-micro", "micro", BASE)
+    early = no_step(candidate, 20.0, Path("t"), ready=8.0, slowest_step=2.5)
+    assert (early.status, early.failure, early.steps_completed) == ("stopped", "budget", 0)
+    assert early.error == (
+        "stopped by the budget in its first step, 8 s after it was ready; the slowest step "
+        "measured took 2.5 s"
+    )
+    slow = no_step(candidate, 80.0, Path("t"), ready=40.0, slowest_step=10.0)
+    assert (slow.status, slow.failure) == ("stopped", "budget")  # 40 s < 5 x 10 s
+    hung = no_step(candidate, 80.0, Path("t"), ready=40.0, slowest_step=2.5)
+    assert (hung.status, hung.failure) == ("failed", "hung")
+    assert hung.error == "hung: no step completed in 40 s after it started"
 
 
 def test_the_config_takes_every_mode_tune_may_choose():

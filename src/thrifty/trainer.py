@@ -21,11 +21,11 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from thrifty.config import RunConfig, TrainConfig
-from thrifty.data.batching import TrainBatches, starting_accumulation
+from thrifty.data.batching import TrainBatches, check_token_budget, starting_accumulation
 from thrifty.data.sources import is_stream
 from thrifty.errors import ConfigError, DataSourceError, ThriftyError
 from thrifty.inputs import check_inputs
-from thrifty.levers.accumulation import LossFn, call_model, uses_tokens, window_counts
+from thrifty.levers.accumulation import LossFn, call_model, count_tokens
 from thrifty.levers.activation_checkpointing import apply_activation_checkpointing
 from thrifty.levers.compile import compile_model
 from thrifty.levers.early_stopping import EarlyStopping
@@ -46,6 +46,7 @@ from thrifty.reporting.end_of_run import (
     log_checkpointing,
     log_setup,
     show_result,
+    stop_line,
 )
 from thrifty.reporting.summary import RunFacts, fit_result, write_outputs
 from thrifty.run.boundary import StepBoundary
@@ -128,6 +129,7 @@ class Trainer:
         """Each lever applied once, in the order they depend on one another."""
         cfg, dist = self.config, self.dist
         check_same_config(dist, cfg.to_dict(secrets=False))
+        check_token_budget(train_data, collate_fn, cfg.run.max_tokens)  # before any cost
         self.device = resolve_device(device)
         self.precision: Precision = resolve_precision(cfg.precision.mode, self.device)
         auto = cfg.batch.micro == "auto"
@@ -190,7 +192,12 @@ class Trainer:
         self.state = TrainState()
         self.budget = Budget.of(cfg.run, self.batches.steps_per_epoch)
         scheduler, horizon, make_scheduler = run_scheduler(
-            scheduler, self.optimizer, cfg, self.budget.epoch_steps, self.effective_batch
+            scheduler,
+            self.optimizer,
+            cfg,
+            self.budget.epoch_steps,
+            self.effective_batch,
+            self.batches.steps_per_epoch,
         )
         parts = RunParts(
             self.model,
@@ -321,7 +328,9 @@ class Trainer:
             finally:
                 self.checkpointer.release()
             if speak and self.dist.is_main:
-                show_result(result, self.diagnosis)
+                show_result(result, self.diagnosis, self.interface)
+            elif self.interface == "api" and self.dist.is_main and stop_line(result, "api"):
+                log.warning(stop_line(result, "api"))  # the script's logging: the exit code too
         return result
 
     def _fit(self) -> FitResult:
@@ -343,6 +352,8 @@ class Trainer:
             lost=self.checkpointer.lost,
         )
         self.checkpointer.cost = monitor.cost
+        if monitor.cost is not None:
+            monitor.cost.begin(wall_start)  # an attempt is billed from the start of fit()
         s = self.state
         try:
             stops.check(self._agreed)  # the checkpoint is loaded: still nothing to save
@@ -440,12 +451,14 @@ class Trainer:
         cfg, s, timer = self.config, self.state, monitor.timer
         timer.mark("data_wait")
         lr = self.optimizer.param_groups[0]["lr"]
-        counts = window_counts(window)
-        samples, tokens = sum(counts[0]), sum(counts[1])
+        weighting = self.train_step.weighting
+        counts = weighting.counts(window)  # samples and loss tokens: the weights' basis
+        samples, tokens = sum(counts[0]), sum(count_tokens(b) for b in window)
         totals = None
-        if self.dist.enabled and uses_tokens(window, cfg.batch.normalize):
-            # Token weights need the window's tokens over all ranks before backward.
-            totals = self.dist.sum_ints([samples, tokens])
+        if self.dist.enabled and weighting.by_tokens(window):
+            # Token weights need the window's loss tokens over all ranks before backward:
+            # samples, tokens and loss tokens; the step weighs by totals[::2].
+            totals = self.dist.sum_ints([samples, tokens, sum(counts[1])])
 
         def say() -> list[int]:
             """This rank's word at the boundary, read once backward is done: the counts, a
@@ -455,13 +468,13 @@ class Trainer:
             return [samples, tokens, self.checkpointer.preempted, out_of_time, due]
 
         loss, grad_norm, skipped, heard = self.train_step.run(
-            window, counts, timer, totals, say if self.dist.enabled else None
+            window, counts, timer, totals and totals[::2], say if self.dist.enabled else None
         )
         seconds = clock.seconds()
         preempted, due = self.checkpointer.preempted, self.checkpointer.due(s.step + 1)
         time_up = False
         if heard is not None:  # every rank's say, agreed on with the out-of-memory verdict
-            samples, tokens = totals or heard[:2]
+            samples, tokens = (totals or heard)[:2]
             preempted, time_up, due = (n > 0 for n in heard[2:])
         s.advance(samples, tokens, seconds, self.accumulation)
         self.dist.timeouts.step_done(s.step)

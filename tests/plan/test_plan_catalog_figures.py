@@ -108,6 +108,14 @@ def test_survey_and_recalled_prices_are_untraced_and_the_rest_traced(catalog) ->
         "lambda-8x-h100-sxm",
         "runpod-h100-sxm-community",
         "runpod-h100-sxm-secure",
+        # single-GPU rows: list prices as recalled, not read from the pages
+        "g5.xlarge",
+        "g6.xlarge",
+        "g6e.xlarge",
+        "p5.4xlarge",
+        "a2-highgpu-1g",
+        "g2-standard-4",
+        "a3-highgpu-1g",
     }
 
 

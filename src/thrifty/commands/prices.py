@@ -6,6 +6,7 @@ Registering only builds the parser; the handler imports the planner when it runs
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from thrifty.console import add_output_options
 from thrifty.errors import ConfigError
@@ -48,10 +49,20 @@ def run_prices(args: argparse.Namespace) -> int:
     catalog = load_catalog(args.catalog)
     if args.name:
         item = catalog.find(args.name)
+        commitment = _commitment(item)
         if args.json:
-            print(to_json(report.item_dict(item)))
-        else:
-            console().print(report.detail_table(item))
+            data = report.item_dict(item)
+            if commitment is not None:
+                data["commitment"] = commitment.as_dict()
+            print(to_json(data))
+            return 0
+        out = console()
+        out.print(report.detail_table(item))
+        if commitment is not None:
+            out.print(report.commitment_table(commitment))
+            for line in report.commitment_lines(commitment):
+                out.print(f"  {line}", markup=False, soft_wrap=True)
+            report.print_assumptions(out, commitment.assumptions)
         return 0
     instances = [
         i
@@ -80,6 +91,9 @@ def run_prices(args: argparse.Namespace) -> int:
             "  spot: a single quoted price, or the median across the zones listed "
             "('thrifty prices NAME' shows them); the range's midpoint where zones are not listed"
         )
+        committed = report.committed_line(instances)
+        if committed is not None:
+            out.print(f"  {committed}", markup=False)
         untraced = [i.name for i in instances if not i.price_traced]
         if untraced:
             out.print(
@@ -92,6 +106,24 @@ def run_prices(args: argparse.Namespace) -> int:
         "source; 'thrifty prices NAME' shows one entry with its sources[/dim]"
     )
     return 0
+
+
+def _commitment(item: Any) -> Any:
+    """An instance's commitments against on-demand and spot (jobs of a day, the 5-10% advisor
+    bucket), or None for a GPU or an instance without committed prices."""
+    from thrifty.plan.catalog import Instance
+    from thrifty.plan.commitment import DEFAULT_JOB_HOURS, commitment_plan
+    from thrifty.plan.spot import interruption_rate
+
+    if not isinstance(item, Instance) or not item.commitments():
+        return None
+    plan = commitment_plan(item, rate_per_hour=interruption_rate(advisor_bucket="5-10%"))
+    if item.spot_per_hour is not None:
+        plan.assumptions.append(
+            f"spot at the 5-10% advisor bucket, jobs of {DEFAULT_JOB_HOURS:g} h: 'thrifty plan "
+            f"--instance {item.name} --hours H --advisor BUCKET' for yours"
+        )
+    return plan
 
 
 def _short(path: str) -> str:

@@ -53,6 +53,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--catalog", metavar="FILE", help="a catalog file adding to the built-in prices"
     )
+    parser.add_argument(
+        "--instance",
+        metavar="NAME",
+        help="the catalog instance to weigh on-demand, spot and 1-/3-year commitments on for "
+        "the runs' GPU-hours a month (default: the [cost] instance most of them ran on)",
+    )
     add_output_options(
         parser,
         out="with --lifecycle: the folder to write BUCKET.s3-lifecycle.json or "
@@ -83,16 +89,18 @@ def run_runs_command(args: argparse.Namespace) -> int:
 
     if args.lifecycle is not None and args.lifecycle < 1:
         raise ThriftyError(f"--lifecycle {args.lifecycle} is invalid: give a whole number of days, 1 or more")
-    ledger = read_ledger(
-        args.paths, since=parse_since(args.since), catalog=load_catalog(args.catalog)
-    )
+    catalog = load_catalog(args.catalog)
+    ledger = read_ledger(args.paths, since=parse_since(args.since), catalog=catalog)
     _say_skipped(ledger)
     groups = grouped(ledger.jobs, args.by) if args.by else []
     study = case_study(ledger.jobs) if args.case_study else None
     article = _article() if args.case_study else None
     lifecycle = _lifecycle(ledger, args) if args.lifecycle is not None else []
+    commitment = monthly_commitment(ledger.jobs, catalog, args.instance)
     if args.json:
-        print(to_json(_as_json(ledger, groups, study, article, lifecycle)))
+        data = _as_json(ledger, groups, study, article, lifecycle)
+        data["commitment"] = commitment
+        print(to_json(data))
         return 0
     from thrifty.ledger.tables import WIDTH
 
@@ -100,7 +108,72 @@ def run_runs_command(args: argparse.Namespace) -> int:
     if not out.is_terminal:
         out.width = WIDTH
     _print(out, ledger, groups, study, article, lifecycle)
+    if commitment is not None:
+        out.print(commitment["line"], markup=False, soft_wrap=True)
     return 0
+
+
+def monthly_commitment(jobs: list, catalog: Any, instance: str | None) -> dict[str, Any] | None:
+    """Which pricing pays least for the runs' GPU-hours a month: on-demand, spot with its
+    expected interruptions (the 5-10% advisor bucket, jobs as long as the runs' mean), or a
+    1- or 3-year commitment on `instance` (default: the [cost] instance most GPU-hours ran
+    on). None without runs; a line saying what is missing when no instance is known."""
+    from thrifty.plan.commitment import commitment_plan
+    from thrifty.plan.spot import interruption_rate
+    from thrifty.plan.tables import commitment_lines
+
+    timed = [j for j in jobs if j.gpu_hours > 0]
+    if not timed:
+        return None
+    months = _months(timed)
+    gpu_hours = sum(j.gpu_hours for j in timed) / months
+    name = instance or _usual_instance(timed)
+    amount = f"{gpu_hours:,.1f}" if gpu_hours >= 10 else f"{gpu_hours:.3g}"
+    head = f"commitment: {amount} GPU-hours a month ({months} month{'s' if months > 1 else ''})"
+    if name is None:
+        return {"gpu_hours_per_month": gpu_hours, "months": months, "instance": None,
+                "line": f"{head}: give --instance NAME to weigh on-demand, spot and 1-/3-year "
+                "commitments for them"}  # fmt: skip
+    found = catalog.instance(name)
+    if not found.commitments():
+        return {"gpu_hours_per_month": gpu_hours, "months": months, "instance": found.name,
+                "line": f"{head}: {found.name} has no committed price in the catalog; give "
+                "--instance with one (see 'thrifty prices --instances')"}  # fmt: skip
+    mean_hours = sum(j.seconds for j in timed) / len(timed) / 3600
+    plan = commitment_plan(
+        found,
+        rate_per_hour=interruption_rate(advisor_bucket="5-10%"),
+        job_hours=max(mean_hours, 1 / 60),
+        instance_hours_per_month=gpu_hours / found.gpu_count,
+    )
+    usage = plan.usage
+    assert usage is not None  # given instance-hours
+    line = f"{head} on {found.name}: {commitment_lines(plan)[-1]}"
+    if found.spot_per_hour is not None:
+        line += " (spot at the 5-10% advisor bucket)"
+    cheapest = usage.cheapest
+    return {"gpu_hours_per_month": gpu_hours, "months": months, "instance": found.name,
+            "cheapest": cheapest, "monthly_usd": usage.monthly_usd,
+            "utilisation": usage.utilisation, "committed_instances": usage.committed_instances,
+            "plan": plan.as_dict(), "line": line}  # fmt: skip
+
+
+def _months(jobs: list) -> int:
+    """Calendar months from the first run's start to the last's, both counted."""
+    starts = [j.started for j in jobs]
+    first, last = min(starts), max(starts)
+    return (last.year - first.year) * 12 + last.month - first.month + 1
+
+
+def _usual_instance(jobs: list) -> str | None:
+    """The [cost] instance that most of the GPU-hours ran on, if any did."""
+    hours: dict[str, float] = {}
+    for job in jobs:
+        cost = job.last.config.get("cost")
+        name = cost.get("instance") if isinstance(cost, dict) else None
+        if isinstance(name, str) and name:
+            hours[name] = hours.get(name, 0.0) + job.gpu_hours
+    return max(hours, key=hours.__getitem__) if hours else None
 
 
 def _say_skipped(ledger: Any) -> None:

@@ -178,8 +178,9 @@ class TaskConfig:
     train_data: str | None = None  # () -> Dataset
     val_data: str | None = None  # () -> Dataset
     optimizer: str | None = None  # (model) -> Optimizer
-    # (optimizer, **scheduler_args) -> LRScheduler, stepped once per optimizer step in place of
-    # [schedule]; e.g. "torch.optim.lr_scheduler:StepLR" with scheduler_args = { step_size = 3 }
+    # (optimizer, **scheduler_args) -> LRScheduler, stepped in place of [schedule] once per
+    # optimizer step, or once per epoch with schedule.interval = "epoch"; e.g.
+    # "torch.optim.lr_scheduler:StepLR" with scheduler_args = { step_size = 3 }
     scheduler: str | None = None
     loss_fn: str | None = None  # (output, batch) -> loss
     collate_fn: str | None = None  # (list of samples) -> batch, the DataLoader's collate_fn

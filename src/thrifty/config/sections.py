@@ -96,8 +96,9 @@ class BatchConfig:
     # (measured at start), the accumulation making up batch.effective.
     micro: int | Literal["auto"] = 16
     effective: int | None = None  # samples per optimizer step, over all processes; default micro
-    # How micro-batch losses are weighted: by samples, by tokens (a batch's `loss_mask`), or
-    # auto (tokens when the batch carries a loss_mask, samples otherwise).
+    # How micro-batch losses are weighted: by samples, by tokens (a batch's `loss_mask`, or
+    # its labels other than -100, shifted for a causal LM), or auto (tokens when every
+    # micro-batch carries a loss_mask or per-token labels, samples otherwise).
     normalize: Literal["auto", "samples", "tokens"] = "auto"
     # With micro = "auto": the share of the device's memory a micro-batch must leave free.
     memory_margin: float = 0.1
@@ -196,19 +197,26 @@ class OptimizerConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScheduleConfig:
-    """Learning-rate schedule: linear warmup, then cosine decay or constant."""
+    """Learning-rate schedule: linear warmup, then cosine decay or constant; and how often a
+    user's own scheduler (task.scheduler, Trainer(scheduler=...)) is stepped."""
 
     SECTION: ClassVar[str] = "schedule"
     warmup_steps: int = 0
     decay: Literal["cosine", "constant"] = "cosine"
     min_lr_ratio: float = 0.1  # cosine ends at lr × min_lr_ratio
     total_steps: int | None = None  # cosine horizon; default run.max_steps
+    # A user's scheduler is stepped once per optimizer step ("step": transformers' schedules)
+    # or once per epoch of optimizer steps ("epoch": PyTorch's StepLR, MultiStepLR and
+    # ExponentialLR as their docs use them). thrifty's own schedule counts steps only.
+    interval: Literal["step", "epoch"] = "step"
 
     def __post_init__(self) -> None:
         non_negative(self.SECTION, "warmup_steps", self.warmup_steps)
         positive(self.SECTION, "total_steps", self.total_steps)
         if not 0 <= self.min_lr_ratio <= 1:
             fail(self.SECTION, "min_lr_ratio", self.min_lr_ratio, "must be between 0 and 1")
+        if self.interval not in ("step", "epoch"):  # a TOML file is checked by type; Python not
+            fail(self.SECTION, "interval", self.interval, "use 'step' or 'epoch'")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Callable, Iterator, Mapping, Sized
 from typing import Any, cast
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from thrifty.config import BatchConfig, TrainConfig
 from thrifty.data.loading import (
@@ -30,10 +30,12 @@ from thrifty.data.sources import (
     StreamSource,
     check_loader,
     describe,
+    first_samples,
     is_stream,
     loader_builder,
 )
 from thrifty.errors import ConfigError, ThriftyError
+from thrifty.levers.accumulation import count_tokens
 from thrifty.records.state import TrainState
 from thrifty.records.stop_signals import parse_signals
 from thrifty.strategies.process_group import Distributed
@@ -47,6 +49,38 @@ def starting_accumulation(batch: BatchConfig, world: int, micro: int) -> int:
     over the ranks, and the error says so rather than naming a micro-batch of 1."""
     batch.check_world_size(world)
     return batch.accumulation_steps(world, micro)
+
+
+def check_token_budget(
+    data: Any, collate_fn: Callable[[list[Any]], Any] | None, max_tokens: int | None
+) -> None:
+    """Refuse run.max_tokens where the batches hold no token ids (`count_tokens` finds none in
+    a batch of the first sample): the budget would never be reached. A sample that cannot be
+    read or collated is left to the training, which names it."""
+    if max_tokens is None:
+        return
+    collate = collate_fn or (data.collate_fn if isinstance(data, DataLoader) else default_collate)
+    try:
+        batch = collate(first_samples(data, 1))
+    except Exception:
+        return
+    if count_tokens(batch) == 0:
+        raise ConfigError(
+            f"run.max_tokens = {max_tokens} counts tokens, but the batches hold no token ids "
+            f"(an input_ids or loss_mask, or a 2-D int64 tensor; a batch holds {_kinds(batch)}): "
+            "use run.max_steps, run.max_time or run.max_epochs"
+        )
+
+
+def _kinds(batch: Any) -> str:
+    """A batch's tensors by dtype and shape: `float32 (1, 12), int64 (1,)`."""
+    if isinstance(batch, torch.Tensor):
+        return f"{str(batch.dtype).removeprefix('torch.')} {tuple(batch.shape)}"
+    if isinstance(batch, Mapping):
+        return ", ".join(f"{k}: {_kinds(v)}" for k, v in batch.items())
+    if isinstance(batch, (list, tuple)):
+        return ", ".join(_kinds(v) for v in batch)
+    return type(batch).__name__
 
 
 class TrainBatches:

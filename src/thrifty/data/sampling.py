@@ -203,6 +203,17 @@ def probe_draws(dataset: Dataset, seed: int = 0, samples: int = PROBE_SAMPLES) -
     return tuple(name for name in GENERATORS if name in used)
 
 
+# The probe's lines said in this process: each loader (the workers' measurement, the training's,
+# the evaluation's) wraps the dataset anew and probes it, and the answer is the same each time.
+_SAID: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    if line not in _SAID:
+        _SAID.add(line)
+        log.info("%s", line)
+
+
 class SeededSamples(Dataset):
     """`dataset`, fetched a `KeyedBatch` (or a list of `SampleKey`s) at a time: each batch is
     fetched with the generators it draws from seeded by `sample_seed(seed, epoch, position)` of its first
@@ -235,12 +246,11 @@ class SeededSamples(Dataset):
         """The generators the main process seeds and keeps for each batch (probed once)."""
         if self._drawn is None:
             self._drawn = probe_draws(self.dataset, self.seed)
-            log.info(
-                "data: %s draws from %s (%d samples probed)%s",
-                type(self.dataset).__name__,
-                ", ".join(self._drawn) or "no global random generator",
-                min(len(self), PROBE_SAMPLES),
-                ": its batches are fetched unseeded" if not self._drawn else "",
+            _say_once(
+                f"data: {type(self.dataset).__name__} draws from "
+                f"{', '.join(self._drawn) or 'no global random generator'} "
+                f"({min(len(self), PROBE_SAMPLES)} samples probed)"
+                f"{': its batches are fetched unseeded' if not self._drawn else ''}"
             )
         return self._drawn
 

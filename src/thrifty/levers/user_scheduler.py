@@ -2,14 +2,20 @@
 
 It is given as an `LRScheduler` built on the optimizer the run trains, or as a factory
 `optimizer -> LRScheduler` (the form a config's `task.scheduler` names, and the one that also
-works with an optimizer thrifty or a factory builds). The run steps it once per optimizer step,
-where it steps its own schedule; a step the guard or the fp16 loss scaler left out is taken
-back at the next metrics flush, as for the own schedule; a checkpoint holds its state_dict, so a
-resumed run's learning rates are the uninterrupted run's, bit for bit.
+works with an optimizer thrifty or a factory builds). `schedule.interval` says how often the run
+steps it: once per optimizer step ("step", the default, where it steps its own schedule), or
+once each time an epoch of optimizer steps completes ("epoch", as PyTorch's StepLR, MultiStepLR
+and ExponentialLR are documented). Per step, a step the guard or the fp16 loss scaler left out
+is taken back at the next metrics flush, as for the own schedule; per epoch, a skipped step
+still counts toward its epoch (its data was seen). A checkpoint holds its state_dict and the
+optimizer steps counted, so a resumed run's learning rates are the uninterrupted run's, bit for
+bit, mid-epoch too.
 
 Refused in one line: a scheduler built on another optimizer (it would never move the rate the
 run trains with), one that steps on a metric (ReduceLROnPlateau: the run has no metric at each
-step), and one whose state a checkpoint cannot hold.
+step), one whose state a checkpoint cannot hold, a factory that raises, and one that fails
+within the run's steps (rehearsed on a copy at set-up: thrifty.levers.scheduler_checks); one
+that fails at a step no rehearsal reached stops the run with one line, not a traceback.
 """
 
 from __future__ import annotations
@@ -27,13 +33,24 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from thrifty.config import ScheduleConfig, TrainConfig
-from thrifty.errors import ThriftyError
+from thrifty.errors import ConfigError, ThriftyError
 from thrifty.levers.schedule import scaled_lr, schedule_horizon, scheduler_for
+from thrifty.levers.scheduler_checks import (
+    REHEARSAL_STEPS,
+    CollapseWatch,
+    RunHorizon,
+    check_total_steps,
+    one_line,
+    rehearse,
+)
 
 log = logging.getLogger("thrifty")
 
 SchedulerArg = LRScheduler | Callable[[torch.optim.Optimizer], LRScheduler] | None
 OWN_KIND = "schedule"  # the kind of thrifty's own [schedule] scheduler, in checkpoints
+# The optimizer steps a user's scheduler has counted, kept with its state_dict in a checkpoint
+# (per epoch, the place in the epoch a resumed run goes on from).
+STEPS_KEY = "thrifty_optimizer_steps"
 
 
 @dataclass(frozen=True)
@@ -61,20 +78,33 @@ def _through(name: str) -> Any:
 
 
 class UserScheduler:
-    """A user's LRScheduler as the run steps it.
+    """A user's LRScheduler as the run steps it: once per optimizer step, or with
+    `epoch_steps` once each time that many optimizer steps (an epoch) complete.
 
     `rewind(steps)` (the guard, at every metrics flush) takes back the last `steps` steps,
     found skipped once their flags reached the host: the scheduler is restored to its state at
     the first step after the previous flush and stepped again for the steps that were not
     skipped, which works for any scheduler whose step needs no argument. The state is copied
-    once per flush interval, not per step.
+    once per flush interval, not per step. Per epoch nothing is taken back: a skipped step
+    still ends its epoch on time.
     """
 
-    def __init__(self, scheduler: LRScheduler, label: str = "scheduler=") -> None:
+    def __init__(
+        self,
+        scheduler: LRScheduler,
+        label: str = "scheduler=",
+        *,
+        epoch_steps: int | None = None,
+        arguments: str = "its arguments",
+    ) -> None:
         self.scheduler = scheduler
         self.label = label  # how messages name it: "scheduler=StepLR", "task.scheduler = '...'"
+        self.arguments = arguments  # where its arguments are set: "task.scheduler_args"
         cls = type(scheduler)
         self.kind = f"{cls.__module__}.{cls.__qualname__}"  # recorded with the checkpoint
+        self.epoch_steps = epoch_steps  # None: stepped once per optimizer step
+        self.steps = 0  # optimizer steps taken (skipped ones too) since the run began
+        self.watch: CollapseWatch | None = None  # the guard's look at the rate, at flushes
         self._mark: tuple[dict[str, Any], list[Any]] | None = None  # state before `_since` steps
         self._since = 0
 
@@ -95,24 +125,54 @@ class UserScheduler:
         return self.scheduler.get_last_lr()
 
     def step(self) -> None:
-        """One optimizer step done: step the user's scheduler."""
+        """One optimizer step done: step the user's scheduler (per epoch: at an epoch's end)."""
+        self.steps += 1
+        if self.epoch_steps is not None:
+            if self.steps % self.epoch_steps == 0:
+                self._step_scheduler()
+            return
         if self._mark is None:  # the first step since the guard last judged the steps
             self._mark = self._snapshot()
             self._since = 0
-        self.scheduler.step()
+        self._step_scheduler()
         self._since += 1
+
+    def _step_scheduler(self) -> None:
+        # A failure no rehearsal reached (a budget of time or tokens has no horizon to
+        # rehearse): one line, not a traceback from inside the loop.
+        try:
+            self.scheduler.step()
+        except Exception as exc:
+            raise ThriftyError(
+                f"{self.label} failed at optimizer step {self.steps} ({one_line(exc)}): fix "
+                f"{self.arguments}, or give the run a budget in steps or epochs "
+                "(run.max_steps, run.max_epochs) so that this is found before training"
+            ) from exc
 
     def rewind(self, steps: int) -> None:
         """Take back the last `steps` steps (skipped ones: no update, so no schedule step)."""
         steps = min(steps, self._since)
         if steps > 0 and self._mark is not None:
             self._restore(self._mark)
-            self.advance(self._since - steps)
+            self._replay(self._since - steps)
         self._mark, self._since = None, 0
 
+    def flushed(self) -> None:
+        """The metrics are flushed: the guard looks at the rate the schedule has reached."""
+        if self.watch is not None:
+            self.watch.at_flush(self.steps, self.optimizer)
+
     def advance(self, steps: int) -> None:
-        """Step the scheduler `steps` times without an optimizer step: a replay, or a new
-        scheduler brought to the step a resumed run has reached."""
+        """`steps` optimizer steps without an optimizer step: a new scheduler brought to the
+        step a resumed run has reached (per epoch: stepped once for each epoch completed)."""
+        if self.epoch_steps is None:
+            self._replay(steps)
+        else:
+            self._replay((self.steps + steps) // self.epoch_steps - self.steps // self.epoch_steps)
+        self.steps += steps
+
+    def _replay(self, steps: int) -> None:
+        """Step the scheduler itself `steps` times, with no optimizer step."""
         with warnings.catch_warnings():
             # Stepping before the optimizer has stepped is the point here, not a mistake.
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step")
@@ -121,10 +181,14 @@ class UserScheduler:
         self._mark, self._since = None, 0
 
     def state_dict(self) -> dict[str, Any]:
-        return self.scheduler.state_dict()
+        return {**self.scheduler.state_dict(), STEPS_KEY: self.steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        steps = state.pop(STEPS_KEY, None)
         self.scheduler.load_state_dict(state)
+        # A checkpoint from before the count was kept was stepped once per optimizer step.
+        self.steps = int(steps) if steps is not None else self.scheduler.last_epoch
         self._mark, self._since = None, 0
 
     # --- the state a rewind goes back to ------------------------------------------------------
@@ -154,16 +218,39 @@ def run_scheduler(
     config: TrainConfig,
     epoch_steps: int | None,
     effective_batch: int,
+    steps_per_epoch: int | None = None,
 ) -> tuple[Any, int | None, Callable[[int | None], Any] | None]:
     """The scheduler the run steps, the schedule's horizon (optimizer steps; None for a user's
     scheduler, which has its own) and how to rebuild it for another horizon (None: it is not
     rebuilt). With `given`, the user's scheduler wins over `[schedule]`, and any `[schedule]`
-    setting it overrides is named in one warning line."""
+    setting it overrides is named in one warning line; it is stepped per `schedule.interval`,
+    said in one set-up line, and rehearsed over the run's steps before training.
+
+    `epoch_steps` is run.max_epochs × the optimizer steps of an epoch (None without an epoch
+    budget); `steps_per_epoch` the steps of one epoch (None: from `epoch_steps`, or unknown)."""
+    interval = config.schedule.interval
     if given is None:
+        if interval != "step":
+            raise ConfigError(
+                f"schedule.interval = {interval!r} is invalid without a scheduler of your own: "
+                "thrifty's [schedule] counts optimizer steps (schedule.warmup_steps, "
+                "schedule.total_steps); name one with task.scheduler (or Trainer(scheduler=...)),"
+                " or remove schedule.interval"
+            )
         horizon = schedule_horizon(config.schedule, config.run.max_steps, epoch_steps)
         make = functools.partial(scheduler_for, optimizer, config.schedule)
         return make(horizon), horizon, make
+    if steps_per_epoch is None and epoch_steps and config.run.max_epochs:
+        steps_per_epoch = epoch_steps // config.run.max_epochs
+    per_epoch = interval == "epoch"
+    if per_epoch and not steps_per_epoch:
+        raise ConfigError(
+            "schedule.interval = 'epoch' needs the optimizer steps of an epoch, which this run "
+            "does not know: give data of known length and run.max_epochs, or step the scheduler "
+            "per optimizer step (schedule.interval = 'step')"
+        )
     user = adopt_scheduler(given, optimizer, effective_batch, config.optimizer.reference_batch)
+    user.epoch_steps = steps_per_epoch if per_epoch else None
     ignored = set_schedule_keys(config.schedule)
     if ignored:
         log.warning(
@@ -172,7 +259,73 @@ def run_scheduler(
             user.label,
             ", ".join(ignored),
         )
+    run = RunHorizon.of(config.run, epoch_steps, steps_per_epoch)
+    check_before_training(user, run)
+    if config.guard.enabled:
+        user.watch = CollapseWatch.of(user.label, optimizer, run.steps, collapse_fix(user))
+    log.info("learning rate: %s, %s", user.label, describe_interval(user))
     return user, None, None
+
+
+def describe_interval(user: UserScheduler) -> str:
+    """How often the run steps the scheduler, for the set-up line."""
+    if user.epoch_steps is None:
+        return "stepped once per optimizer step (schedule.interval = 'step')"
+    return (
+        f"stepped once per epoch of {user.epoch_steps} optimizer steps "
+        "(schedule.interval = 'epoch')"
+    )
+
+
+def collapse_fix(user: UserScheduler) -> str:
+    """What the guard's line proposes when the schedule takes the rate to nearly nothing."""
+    if user.epoch_steps is None:
+        return (
+            "it is stepped once per optimizer step (schedule.interval = 'step'); a scheduler "
+            "written per epoch, as PyTorch's StepLR, MultiStepLR and ExponentialLR are, needs "
+            f"schedule.interval = 'epoch' (or check {user.arguments})"
+        )
+    return f"check {user.arguments} (it is stepped once per epoch: schedule.interval = 'epoch')"
+
+
+def check_before_training(user: UserScheduler, horizon: RunHorizon) -> None:
+    """Refuse, before any step is paid for, a scheduler that would fail within the run's
+    steps: a OneCycleLR stepped past its total_steps, or any scheduler whose step raises in a
+    rehearsal on a copy (the run's steps, at most REHEARSAL_STEPS).
+
+    Where a time or token budget alone bounds the run, its steps are not known: a scheduler
+    that fails at its first step is refused, one that fails later is named in one warning
+    line (the budget may end first; if not, the run stops there with one line)."""
+    per = user.epoch_steps
+    unit = "epochs" if per is not None else "optimizer steps"
+    if horizon.steps is None:
+        steps = REHEARSAL_STEPS
+    else:
+        steps = horizon.steps // per if per is not None else horizon.steps
+        check_total_steps(user.scheduler, user.label, steps, horizon, unit, user.arguments)
+    failed = rehearse(user.scheduler, steps)
+    if failed is None:
+        return
+    step, exc = failed
+    if horizon.steps is not None or step == 1:
+        where = (
+            f"its step {step} of the {steps} {unit} this run takes ({horizon.source})"
+            if horizon.steps is not None
+            else "its first step"
+        )
+        raise ConfigError(
+            f"{user.label} fails at {where}, found before training: {one_line(exc)}; fix "
+            f"{user.arguments}"
+        )
+    log.warning(
+        "%s fails at its step %d (%s), found before training; this run's budget is not in "
+        "steps, so it trains, and stops there with one line if it gets that far: fix %s, or "
+        "set run.max_steps",
+        user.label,
+        step,
+        one_line(exc),
+        user.arguments,
+    )
 
 
 def set_schedule_keys(schedule: ScheduleConfig) -> list[str]:
@@ -210,7 +363,15 @@ def adopt_scheduler(
         scheduler = given
     elif callable(given):
         source = given.where if isinstance(given, ConfigScheduler) else "the scheduler factory"
-        scheduler = given(optimizer)
+        try:
+            scheduler = given(optimizer)
+        except ThriftyError:
+            raise
+        except Exception as exc:  # the user's code: one line naming it, not its traceback
+            raise ThriftyError(
+                f"{source} raised {one_line(exc)} when called on the optimizer: fix the "
+                f"factory or {_arguments(given)}"
+            ) from exc
         if not isinstance(scheduler, LRScheduler):
             raise ThriftyError(
                 f"{source} returned an object of type {type(scheduler).__name__}, not a "
@@ -235,7 +396,14 @@ def adopt_scheduler(
     for group, base in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
         group["initial_lr"] = base
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
-    return UserScheduler(scheduler, label)
+    return UserScheduler(scheduler, label, arguments=_arguments(given))
+
+
+def _arguments(given: Any) -> str:
+    """Where the scheduler's arguments are set, for messages: "task.scheduler_args"."""
+    if isinstance(given, ConfigScheduler):
+        return f"{given.where.split(' =')[0]}_args"
+    return "the scheduler's arguments"
 
 
 def _check_scheduler(scheduler: LRScheduler, label: str) -> None:

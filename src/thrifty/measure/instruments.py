@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sized
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -61,24 +62,27 @@ def count_step_flops(
     """FLOPs and aten ops of one micro-batch's forward and backward, measured once on a real
     micro-batch of `micro` samples; None when the breakdown is off or the model cannot be
     traced. A micro-batch too large for the device (the training will halve it) is counted
-    on one sample and scaled: FLOPs and activations grow with the samples."""
-    if not config.measure.breakdown:
-        return None
-    from torch.utils.data import DataLoader, default_collate
+    on one sample and scaled: FLOPs and activations grow with the samples.
 
-    from thrifty.data.sources import first_samples
+    First, breakdown or not, the first micro-batch is collated as the loader will: a missing
+    or failing collator is one line naming collate_fn (`thrifty.data.collating`)."""
+    from thrifty.data.collating import collate_checked, collate_used
     from thrifty.levers.micro_batch import free_memory, scaled_count
 
-    collate = collate_fn or (data.collate_fn if isinstance(data, DataLoader) else default_collate)
+    collate, named = collate_used(data, collate_fn)
+    samples = _first_samples(data, micro, auto=config.batch.micro == "auto")
+    batch = collate_checked(samples, collate, named)
+    if not config.measure.breakdown:
+        return None
     blocks = find_repeated_blocks(model)  # activation checkpointing chooses by what they hold
 
     def call(m: nn.Module, b: Any) -> torch.Tensor:
         with precision.autocast():
             return call_model(m, b, loss_fn)
 
-    def count(samples: int) -> Any:
-        batch = to_device(collate(first_samples(data, samples)), device)
-        return measure_flops(model, batch, call, device=device, blocks=blocks)
+    def count(n: int) -> Any:
+        collated = batch if n == len(samples) else collate(samples[:n])
+        return measure_flops(model, to_device(collated, device), call, device=device, blocks=blocks)
 
     try:
         try:
@@ -88,11 +92,32 @@ def count_step_flops(
                 raise
         free_memory(device)  # out of the handler: the failed count's tensors are gone
         return scaled_count(count(1), micro)
-    except ThriftyError:
-        raise
+    except ThriftyError as exc:
+        if collate_fn is None:
+            raise
+        # The batch the model could not take is the given collator's: say so beside the fix.
+        raise ThriftyError(f"{exc}; the batch is what {named} returned") from None
     except Exception as exc:  # a model the FLOP counter cannot trace: MFU is then unknown
         log.warning("could not count the model's FLOPs (%s): MFU will not be reported", exc)
         return None
+
+
+# Samples collated at set-up with batch.micro = "auto" (counted on one): enough to show
+# samples of different shapes that one sample cannot.
+_AUTO_PROBE = 8
+
+
+def _first_samples(data: Any, micro: int, auto: bool) -> list[Any]:
+    """The first micro-batch's samples; with batch.micro = "auto", up to _AUTO_PROBE of a
+    map-style dataset (the micro-batch search will collate that many and more)."""
+    from torch.utils.data import DataLoader
+
+    from thrifty.data.sources import first_samples, is_stream
+
+    source = data.dataset if isinstance(data, DataLoader) else data
+    if not auto or is_stream(source):
+        return first_samples(data, micro)
+    return first_samples(data, max(micro, min(_AUTO_PROBE, len(cast(Sized, source)))))
 
 
 def find_peak(config: TrainConfig, device: torch.device, precision: Precision) -> Any:
@@ -110,6 +135,29 @@ def find_peak(config: TrainConfig, device: torch.device, precision: Precision) -
         return None
 
 
+def usable_peak(peak: Any) -> Any:
+    """`peak`, or None (said once) when it is no basis for MFU: zero or not a number (a CPU
+    benchmark whose products all timed at nothing, a figure given as 0)."""
+    if peak is None or (math.isfinite(peak.flops_per_second) and peak.flops_per_second > 0):
+        return peak
+    log.warning(
+        "MFU is not shown: the peak found for this device is %s FLOP/s (%s), nothing to measure "
+        "against; give the dense peak for the dtype trained in (measure.peak_tflops, or "
+        "--peak-tflops on the command line)",
+        f"{peak.flops_per_second:g}",
+        peak.source,
+    )
+    return None
+
+
+def flops_rate(flops_per_second: float) -> str:
+    """A peak in the unit that shows it: "312.0 TFLOP/s", or below one TFLOP/s "55.1 GFLOP/s"
+    (a CPU's, which "0.1 TFLOP/s" would round away)."""
+    if flops_per_second >= 1e12:
+        return f"{flops_per_second / 1e12:.1f} TFLOP/s"
+    return f"{flops_per_second / 1e9:.3g} GFLOP/s"
+
+
 def build_monitor(
     config: TrainConfig,
     device: torch.device,
@@ -125,9 +173,9 @@ def build_monitor(
     """The run's monitor: GPU sensors and the dollar meter on rank 0 only; with several ranks,
     each flush gathers every rank's losses and own work (the straggler figures)."""
     flops = config.measure.flops_per_step or step_flops
-    peak = find_peak(config, device, precision) if flops else None
+    peak = usable_peak(find_peak(config, device, precision)) if flops else None
     if peak is not None:
-        log.info("MFU against %.1f TFLOP/s (%s)", peak.flops_per_second / 1e12, peak.source)
+        log.info("MFU against %s (%s)", flops_rate(peak.flops_per_second), peak.source)
     sampler = None
     if config.measure.system and dist.is_main:
         from thrifty.measure.system import SystemSampler

@@ -1,5 +1,7 @@
 """System sampling in a background thread: CPU and RAM (psutil), GPU utilization, memory and
-power (NVML, through `pynvml` from nvidia-ml-py).
+power (NVML, through `pynvml` from nvidia-ml-py). Without psutil, the load average and (on
+Linux) the CPU utilization and steal time are read from the OS: the busy-machine line needs
+no optional package.
 
 A daemon thread samples at a fixed rate; the training thread only calls `summary_and_reset()`
 once per logging interval, which returns each metric's mean and standard deviation over that
@@ -38,6 +40,45 @@ def _warn_once(key: str, message: str) -> None:
 
 
 MIN_CPU_WINDOW_SECONDS = 0.1  # psutil's cpu_percent needs this much time between readings
+PROC_STAT = "/proc/stat"  # Linux's CPU time counters, read where psutil is not installed
+
+
+class ProcStat:
+    """CPU utilization and steal time (percent of all CPUs' time) between two readings of
+    /proc/stat, as psutil computes them: busy is everything but idle and iowait, and guest
+    time is already counted in user time. Linux only: elsewhere `sample()` returns {}."""
+
+    def __init__(self, path: str = PROC_STAT) -> None:
+        self.path = path
+        self._last = self._read()
+
+    def _read(self) -> list[int] | None:
+        try:
+            with open(self.path) as f:
+                fields = f.readline().split()
+        except OSError:
+            return None
+        if not fields or fields[0] != "cpu" or len(fields) < 9:
+            return None
+        # user nice system idle iowait irq softirq steal: the times every CPU spent, in ticks.
+        return [int(v) for v in fields[1:9]]
+
+    def sample(self) -> dict[str, float]:
+        """`cpu_percent` and `steal_percent` since the last reading; {} where unreadable or
+        when no tick passed."""
+        now = self._read()
+        last, self._last = self._last, now
+        if now is None or last is None:
+            return {}
+        delta = [b - a for a, b in zip(last, now, strict=True)]
+        total = sum(delta)
+        if total <= 0:
+            return {}
+        idle = delta[3] + delta[4]
+        return {
+            "cpu_percent": 100.0 * (total - idle) / total,
+            "steal_percent": 100.0 * delta[7] / total,
+        }
 
 
 class SystemSampler:
@@ -86,6 +127,7 @@ class SystemSampler:
         self._process: Any = None
         self._cpu_since = 0.0  # when psutil's CPU times were last read (time.monotonic)
         self._primed: set[int] = set()  # the threads psutil has a first CPU reading of
+        self._proc_stat: ProcStat | None = None  # CPU times from the OS, without psutil
         self._nvml: Any = None
         self._handle: Any = None
         self._gpu_readers: dict[str, Callable[[], float]] = {}
@@ -129,8 +171,10 @@ class SystemSampler:
 
     @property
     def sources(self) -> list[str]:
-        """What is being sampled: 'psutil' and/or 'nvml'."""
-        return [name for name, on in (("psutil", self._psutil), ("nvml", self._handle)) if on]
+        """What is being sampled: 'psutil' or 'os' (the load average and /proc/stat), and
+        'nvml'."""
+        cpu = "psutil" if self._psutil is not None else "os" if self._proc_stat else None
+        return [name for name in (cpu, "nvml" if self._handle else None) if name]
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -155,7 +199,7 @@ class SystemSampler:
 
     def sample_once(self) -> dict[str, float]:
         """Take one sample now (what the thread does each interval) and record it."""
-        values = {**self._sample_psutil(), **self._sample_gpu()}
+        values = {**self._sample_cpu(), **self._sample_gpu()}
         with self._lock:
             for name, value in values.items():
                 self._samples.setdefault(name, []).append(value)
@@ -178,11 +222,13 @@ class SystemSampler:
         try:
             self._psutil = importlib.import_module("psutil")
         except ImportError:
+            self._proc_stat = ProcStat()
             _warn_once(
                 "psutil",
-                "CPU and RAM are not sampled: psutil is not installed "
-                "(pip install 'thrifty[monitor]')",
+                "RAM is not sampled: psutil is not installed (pip install 'thrifty[monitor]'); "
+                "the load average and CPU times are read from the OS",
             )
+            self._cpu_since = time.monotonic()
             return
         self._process = self._psutil.Process()
         self._prime_cpu()
@@ -241,9 +287,15 @@ class SystemSampler:
             return nvml.nvmlDeviceGetHandleByIndex(index)
         raise LookupError(f"NVML sees {count} GPU(s), none with index {index}")
 
-    def _sample_psutil(self) -> dict[str, float]:
+    def _sample_cpu(self) -> dict[str, float]:
+        """CPU and RAM: psutil's figures, or without it what the OS gives for free."""
         if self._psutil is None:
-            return {}
+            times: dict[str, float] = {}
+            if self._proc_stat is not None:
+                self._wait_cpu_window()  # a reading of a few ticks says 0% or 100%
+                times = self._proc_stat.sample()
+                self._cpu_since = time.monotonic()
+            return {**times, **_load_per_cpu()}
         values = {
             "ram_percent": float(self._psutil.virtual_memory().percent),
             "process_rss_gib": self._process.memory_info().rss / 2**30,
@@ -255,17 +307,19 @@ class SystemSampler:
         # rest of that tenth.
         if threading.get_ident() not in self._primed:
             self._prime_cpu()
-        wait = MIN_CPU_WINDOW_SECONDS - (time.monotonic() - self._cpu_since)
-        if wait > 0:
-            time.sleep(wait)
+        self._wait_cpu_window()
         values["cpu_percent"] = float(self._psutil.cpu_percent(interval=None))
         steal = getattr(self._psutil.cpu_times_percent(interval=None), "steal", None)
         self._cpu_since = time.monotonic()
         if steal is not None:
             values["steal_percent"] = float(steal)
-        if hasattr(os, "getloadavg"):
-            values["load_per_cpu"] = os.getloadavg()[0] / (os.cpu_count() or 1)
-        return values
+        return {**values, **_load_per_cpu()}
+
+    def _wait_cpu_window(self) -> None:
+        """Sleep out the rest of MIN_CPU_WINDOW_SECONDS since the last CPU reading."""
+        wait = MIN_CPU_WINDOW_SECONDS - (time.monotonic() - self._cpu_since)
+        if wait > 0:
+            time.sleep(wait)
 
     def _sample_gpu(self) -> dict[str, float]:
         values: dict[str, float] = {}
@@ -276,6 +330,17 @@ class SystemSampler:
                 del self._gpu_readers[name]
                 _warn_once(f"nvml-{name}", f"{name} is not sampled: NVML says {exc}")
         return values
+
+
+def _load_per_cpu() -> dict[str, float]:
+    """The 1-minute load average over the machine's CPUs (no psutil needed), where the OS
+    keeps one."""
+    if not hasattr(os, "getloadavg"):
+        return {}
+    try:
+        return {"load_per_cpu": os.getloadavg()[0] / (os.cpu_count() or 1)}
+    except OSError:  # no load average on this system
+        return {}
 
 
 def _torch_device_uuid(device: Any) -> str | None:

@@ -30,6 +30,7 @@ from thrifty.plan.catalog_file import (
 BUILTIN_PATH = Path(__file__).with_name("catalog.toml")
 ENV_VAR = "THRIFTY_CATALOG"
 PRICINGS = ("on-demand", "spot")
+TERMS = ("1-year", "3-year")
 __all__ = [
     "DTYPES",
     "GPU",
@@ -108,8 +109,17 @@ class Instance:
     price_note: str = ""
     network_gbits: float | None = None
     network_source: str = ""
+    commit_1y_per_hour: float | None = None
+    commit_3y_per_hour: float | None = None
+    commit_source: str = ""
+    commit_date: str = ""
     uncertain: tuple[str, ...] = ()
     untraced: tuple[str, ...] = ()
+
+    def commitments(self) -> dict[str, float]:
+        """Committed USD per hour of the term by term ('1-year', '3-year'), the ones listed."""
+        terms = {"1-year": self.commit_1y_per_hour, "3-year": self.commit_3y_per_hour}
+        return {term: price for term, price in terms.items() if price is not None}
 
     def price_per_hour(self, pricing: str = "on-demand") -> float:
         """USD per hour for the instance at `pricing` ('on-demand' or 'spot')."""
@@ -317,6 +327,7 @@ def _instance(row: Row, catalog: Catalog) -> Instance:
             name, "on_demand", "needs exactly one of on_demand (per instance) or on_demand_per_gpu"
         )
     on_demand = values.get("on_demand") or values["on_demand_per_gpu"] * count
+    _commitments(values, where)
     spot, spot_range, basis = _spot(values, where)
     return Instance(
         name=name,
@@ -335,9 +346,34 @@ def _instance(row: Row, catalog: Catalog) -> Instance:
         price_note=values.get("price_note", ""),
         network_gbits=values.get("network_gbits"),
         network_source=values.get("network_source", ""),
+        commit_1y_per_hour=_optional_float(values.get("commit_1y")),
+        commit_3y_per_hour=_optional_float(values.get("commit_3y")),
+        commit_source=values.get("commit_source", ""),
+        commit_date=values.get("commit_date", ""),
         uncertain=tuple(values.get("uncertain", ())),
         untraced=tuple(values.get("untraced", ())),
     )
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _commitments(values: dict[str, Any], where: Where) -> None:
+    """A committed price needs its source and date, and is below the on-demand price."""
+    name = values["name"]
+    given = [key for key in ("commit_1y", "commit_3y") if key in values]
+    if not given:
+        return
+    for key in ("commit_source", "commit_date"):
+        if key not in values:
+            raise where.error(name, key, f"is missing: {given[0]} needs its source and date")
+    on_demand = values.get("on_demand") or values["on_demand_per_gpu"] * values["gpu_count"]
+    for key in given:
+        if values[key] >= on_demand:
+            raise where.error(
+                name, key, f"({values[key]}) is not below the on-demand price ({on_demand})"
+            )
 
 
 _SpotTerms = tuple[float | None, tuple[float, float] | None, str]

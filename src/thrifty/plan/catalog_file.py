@@ -10,8 +10,8 @@ import difflib
 import functools
 import os
 import re
+import stat
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from thrifty.config import toml_loads
@@ -19,7 +19,18 @@ from thrifty.errors import ConfigError
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 # The fields of an [[instance]] that are prices: an untraced one makes its price untraced.
-PRICE_FIELDS = ("on_demand", "on_demand_per_gpu", "spot", "spot_zones", "spot_low", "spot_high")
+PRICE_FIELDS = (
+    "on_demand",
+    "on_demand_per_gpu",
+    "spot",
+    "spot_zones",
+    "spot_low",
+    "spot_high",
+    "commit_1y",
+    "commit_3y",
+)
+# A catalog file larger than this is refused before it is read: the built-in one is ~30 KB.
+MAX_CATALOG_BYTES = 4 * 2**20
 
 
 class CatalogError(ConfigError):
@@ -30,12 +41,24 @@ def read_rows(path: str) -> dict[str, dict[str, Row]]:
     """The validated tables of the file at `path`, by kind ('gpu', 'instance') and by name
     folded to lower case."""
     try:
-        mtime = os.stat(path).st_mtime
+        info = os.stat(path)
     except OSError as exc:
         raise CatalogError(
             f"catalog file {path!r} cannot be read: {exc.strerror}; check --catalog"
         ) from None
-    return _read_cached(path, mtime)
+    # Checked before anything opens it: a FIFO or a device would block the read or never end.
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise CatalogError(
+            f"catalog file {path!r} is {kind}; give --catalog a TOML file like the built-in "
+            "catalog.toml"
+        )
+    if info.st_size > MAX_CATALOG_BYTES:
+        raise CatalogError(
+            f"catalog file {path!r} is {info.st_size:,} bytes, over the "
+            f"{MAX_CATALOG_BYTES // 2**20} MiB a catalog may have; give a smaller --catalog"
+        )
+    return _read_cached(path, info.st_mtime)
 
 
 @functools.lru_cache(maxsize=8)
@@ -98,6 +121,11 @@ _INSTANCE_FIELDS = {
     "spot_zones": (_ZONES, False),
     "spot_low": (_NUM, False),
     "spot_high": (_NUM, False),
+    # Committed prices: USD per hour of the term, billed whether the instance runs or not.
+    "commit_1y": (_NUM, False),
+    "commit_3y": (_NUM, False),
+    "commit_source": (_STR, False),
+    "commit_date": (_STR, False),
     "price_source": (_STR, True),
     "price_date": (_STR, True),
     "price_note": (_STR, False),
@@ -126,7 +154,14 @@ _FIELDS = {"gpu": _GPU_FIELDS, "instance": _INSTANCE_FIELDS, "storage": _STORAGE
 
 def _parse_file(path: str) -> dict[str, dict[str, Row]]:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as file:  # bounded: a file that grew since its stat stops here
+            raw = file.read(MAX_CATALOG_BYTES + 1)
+        if len(raw) > MAX_CATALOG_BYTES:
+            raise CatalogError(
+                f"catalog file {path!r} is over the {MAX_CATALOG_BYTES // 2**20} MiB a catalog "
+                "may have; give a smaller --catalog"
+            )
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CatalogError(
             f"catalog file {path!r} cannot be read: {exc}; check --catalog"

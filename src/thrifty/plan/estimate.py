@@ -68,6 +68,7 @@ class Flops:
     dense: float
     attention: float
     recompute: float
+    counted: bool = False  # dense is forward and backward counted on the model, not 6*N*D
 
     @property
     def total(self) -> float:
@@ -86,13 +87,22 @@ def recompute_fraction(recompute: str | float) -> float:
 
 
 def training_flops(
-    model: float | ModelShape, tokens: float, *, recompute: str | float = "none"
+    model: float | ModelShape,
+    tokens: float,
+    *,
+    recompute: str | float = "none",
+    flops_per_token: float | None = None,
 ) -> Flops:
-    """Training FLOPs for `tokens` tokens: 6*N*D, attention if the shape is known, recompute."""
+    """Training FLOPs for `tokens` tokens: 6*N*D, attention if the shape is known, recompute.
+    `flops_per_token`: forward and backward FLOPs counted on the model itself, in place of
+    6*N and attention (recompute adds a third of them: one extra forward)."""
     shape = model if isinstance(model, ModelShape) else None
     params = require_positive(model.params if isinstance(model, ModelShape) else model, "params")
     tokens = require_positive(tokens, "tokens")
     fraction = recompute_fraction(recompute)
+    if flops_per_token is not None:
+        total = require_positive(flops_per_token, "FLOPs per token") * tokens
+        return Flops(total, 0.0, fraction * total / 3, counted=True)
     dense = 6.0 * params * tokens
     attention = shape.attention_flops_per_token * tokens if shape else 0.0
     # One extra forward per checkpointed layer: 2 FLOPs per layer parameter per token, and a
@@ -190,18 +200,20 @@ def estimate(
     mfu: float | None = None,
     recompute: str | float = "none",
     catalog: Catalog | None = None,
+    flops_per_token: float | None = None,
 ) -> Estimate:
     """FLOPs, wall-clock hours and USD cost of training `model` on `tokens` tokens.
 
     `model` is a parameter count or a `ModelShape`. Hardware is `count` instances of `instance`
     (priced on-demand and spot from the catalog) or `count` GPUs of type `gpu` (unpriced).
     `mfu` (0-1] defaults to DEFAULT_MFU; `recompute` is 'none', 'every-other', 'full' or a
-    fraction of layers. Eight keywords mirror the independent knobs of the command line.
+    fraction of layers. Eight keywords mirror the independent knobs of the command line;
+    `flops_per_token`, FLOPs counted on the model (`thrifty plan CONFIG.toml`), replaces 6*N.
     """
     hardware = resolve_hardware(instance=instance, gpu=gpu, count=count, catalog=catalog)
     assumed = mfu is None
     mfu = require_fraction(DEFAULT_MFU if mfu is None else mfu, "mfu")
-    flops = training_flops(model, tokens, recompute=recompute)
+    flops = training_flops(model, tokens, recompute=recompute, flops_per_token=flops_per_token)
     peak = hardware.gpu.peak_flops(dtype)
     hours = flops.total / (hardware.gpus * peak * mfu) / 3600
     prices = {p: hardware.price_per_hour(p) for p in ("on-demand", "spot")}
@@ -210,7 +222,7 @@ def estimate(
     assumptions = [
         MFU_ASSUMPTION.format(mfu=fmt_pct(mfu), how="assumed" if assumed else "given"),
         f"peak {peak / 1e12:g} TFLOP/s per GPU for {dtype} ({hardware.gpu.peak_source})",
-        _flops_note(model, recompute),
+        _flops_note(model, recompute, flops_per_token),
     ]
     if hardware.instance is not None:
         assumptions.append(_price_note(hardware.instance))
@@ -233,8 +245,12 @@ def estimate(
     )
 
 
-def _flops_note(model: float | ModelShape, recompute: str | float) -> str:
+def _flops_note(
+    model: float | ModelShape, recompute: str | float, flops_per_token: float | None = None
+) -> str:
     base = "FLOPs = 6*N*D"
+    if flops_per_token is not None:
+        base = f"FLOPs = {flops_per_token:.4g} per token (counted on the model) x D"
     if isinstance(model, ModelShape):
         base += f" + 12*L*h*T*D attention (N = {fmt_count(model.params)} from the shape)"
     fraction = recompute_fraction(recompute)
@@ -252,3 +268,17 @@ def _price_note(instance: Instance) -> str:
     elif instance.spot_per_hour is None:
         note += "; no spot price listed"
     return note
+
+
+def priced_gpu(gpu: str | GPU, count: int = 1, catalog: Catalog | None = None) -> Hardware:
+    """`count` GPUs `gpu` on the cheapest catalog instance that has exactly that many (one
+    with a spot price first at an equal price); unpriced when no instance has them."""
+    catalog = catalog or load_catalog()
+    found = catalog.gpu(gpu)
+    rows = [
+        i for i in catalog.instances.values() if i.gpu.name == found.name and i.gpu_count == count
+    ]
+    rows.sort(key=lambda i: (i.on_demand_per_hour, i.spot_per_hour is None, i.name))
+    if not rows:
+        return Hardware(found, count)
+    return Hardware(found, count, rows[0], 1)

@@ -12,12 +12,13 @@ from rich.table import Table as _RichTable
 from thrifty.console import Table
 from thrifty.plan.catalog import GPU, Catalog, Instance
 from thrifty.plan.chinchilla import Allocation
+from thrifty.plan.commitment import CommitmentPlan
 from thrifty.plan.estimate import Estimate
 from thrifty.plan.levers import LeverPlan
 from thrifty.plan.memory import MemoryPlan
 from thrifty.plan.scaling import Scaling
 from thrifty.plan.spot import SpotPlan
-from thrifty.plan.units import fmt_bytes, fmt_count, fmt_dollars, fmt_hours, fmt_pct
+from thrifty.plan.units import fmt_bytes, fmt_count, fmt_dollars, fmt_hours, fmt_pct, fmt_usd
 
 
 def _kv(title: str, rows: Iterable[tuple[str, str]]) -> _RichTable:
@@ -40,7 +41,7 @@ def estimate_table(e: Estimate) -> _RichTable:
     rows = [
         ("parameters", fmt_count(e.params)),
         ("tokens", f"{fmt_count(e.tokens)} ({e.tokens / e.params:.1f} per parameter)"),
-        ("FLOPs, 6*N*D", f"{f.dense:.3g}"),
+        ("FLOPs, counted" if f.counted else "FLOPs, 6*N*D", f"{f.dense:.3g}"),
     ]
     if f.attention:
         rows.append(("FLOPs, attention", f"{f.attention:.3g}"))
@@ -57,7 +58,10 @@ def estimate_table(e: Estimate) -> _RichTable:
     for pricing in ("on-demand", "spot"):
         price = e.price_per_hour[pricing]
         if price is not None:
-            rows.append((f"cost, {pricing}", f"{fmt_dollars(e.cost[pricing])} at ${price:,.2f}/h"))
+            cost = e.cost[pricing]
+            shown = fmt_usd(cost) if cost is not None and cost < 10 else fmt_dollars(cost)
+            rate = f"{price:,.2f}" if price >= 1 else f"{price:.3g}"
+            rows.append((f"cost, {pricing}", f"{shown} at ${rate}/h"))
     return _kv("Job estimate", rows)
 
 
@@ -187,6 +191,66 @@ def _break_even(p: SpotPlan) -> str:
     return text + ": above it spot costs more"
 
 
+def hours_table(h: Any) -> _RichTable:
+    """Hours of work on an instance without a spot price (`thrifty plan --hours`)."""
+    where = f"{h.instances} x {h.instance}" if h.instances > 1 else h.instance
+    return _kv(
+        f"{fmt_hours(h.hours)} on {where}",
+        [("cost, on-demand", f"{fmt_dollars(h.cost)} at ${h.on_demand_per_hour:,.4g}/h")],
+    )
+
+
+def commitment_table(c: CommitmentPlan) -> _RichTable:
+    """Each commitment's price and the share of its hours above which it beats on-demand and
+    spot (expected interruptions included)."""
+    star = "*" if c.uncertain else ""
+    table = Table(title=f"Commitments on {c.instance} (USD per hour; * = uncertain)")
+    for column in ("term", "per hour", "off on-demand", "pays vs on-demand", "pays vs spot"):
+        table.add_column(column, justify="left" if column == "term" else "right", no_wrap=True)
+    for t in c.terms:
+        table.add_row(
+            t.term,
+            f"${t.per_hour:,.4g}{star}",
+            fmt_pct(t.discount),
+            f"above {fmt_pct(t.break_even_on_demand)} used",
+            _versus_spot(t.break_even_spot),
+        )
+    return table
+
+
+def _versus_spot(share: float | None) -> str:
+    if share is None:
+        return "no spot price"
+    if share > 1:
+        return f"never (needs {fmt_pct(share)})"
+    return f"above {fmt_pct(share)} used"
+
+
+def commitment_lines(c: CommitmentPlan) -> list[str]:
+    """The prices compared, and (given a usage) which pays least for it."""
+    spot = (
+        f"; spot ${c.spot_per_hour:,.4g}/h is ${c.spot_effective_per_hour:,.4g} per hour of "
+        "work with its expected interruptions"
+        if c.spot_per_hour is not None and c.spot_effective_per_hour is not None
+        else ""
+    )
+    lines = [f"on-demand ${c.on_demand_per_hour:,.4g}/h{spot}", f"committed prices: {c.source}"]
+    u = c.usage
+    if u is not None:
+        costs = ", ".join(f"{k} {fmt_dollars(v)}" for k, v in u.monthly_usd.items())
+        lines.append(
+            f"{_amount(u.instance_hours)} instance-hours a month ({fmt_pct(u.utilisation)} of "
+            f"{u.committed_instances} committed instance{'s' if u.committed_instances > 1 else ''}"
+            f"): {costs} a month; cheapest: {u.cheapest}"
+        )
+    return lines
+
+
+def _amount(value: float) -> str:
+    """A quantity with a comma and one decimal, or three significant figures below 10."""
+    return f"{value:,.1f}" if value >= 10 else f"{value:.3g}"
+
+
 def chinchilla_table(chosen: Allocation, others: list[Allocation], notes: list[str]) -> _RichTable:
     table = Table(title=f"Compute-optimal allocation for {chosen.flops:.3g} FLOPs")
     for column in ("fit", "parameters", "tokens", "tokens/param", "predicted loss", "6*N*D"):
@@ -236,8 +300,6 @@ def levers_table(
     table.add_row("total", money(plan.baseline), money(plan.final),
                   money(plan.saving), *map(fmt_pct, total), style="bold")  # fmt: skip
     return table
-
-
 
 
 def gpus_table(gpus: Iterable[GPU]) -> _RichTable:
@@ -297,6 +359,28 @@ def instances_table(instances: Iterable[Instance]) -> tuple[_RichTable, list[str
             f"({sources.index(source) + 1})",
         )
     return table, [f"({n}) {text}" for n, text in enumerate(sources, start=1)]
+
+
+def committed_line(instances: Iterable[Instance]) -> str | None:
+    """Which instances have 1- and 3-year committed prices ($/hour, * where uncertain)."""
+    rows = []
+    for i in instances:
+        prices = [
+            f"{price:,.2f}{'*' if key in i.uncertain else ''}"
+            for key, price in (
+                ("commit_1y", i.commit_1y_per_hour),
+                ("commit_3y", i.commit_3y_per_hour),
+            )
+            if price is not None
+        ]
+        if prices:
+            rows.append(f"{i.name} {' / '.join(prices)}")
+    if not rows:
+        return None
+    return (
+        "1-year / 3-year committed $/h ('thrifty prices NAME' shows where each pays): "
+        + ", ".join(rows)
+    )
 
 
 def _mark(gpu: GPU, field: str, text: str) -> str:

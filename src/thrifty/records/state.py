@@ -6,6 +6,9 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from thrifty.records.stop import StopReason
+from thrifty.records.stop_signals import EXIT_PREEMPTED
+
 
 @dataclass
 class TrainState:
@@ -79,6 +82,18 @@ class FitResult:
     # batch.micro = "auto": the sizes tried, whether each fitted, the one chosen.
     micro_batch_search: dict[str, Any] | None = None
     peak_memory_bytes: float | None = None  # the device's peak allocation (CUDA)
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code a script should end with (`sys.exit(result.exit_code)`), the one
+        `thrifty train` ends with: 75 when preempted (EX_TEMPFAIL: a requeue wrapper relaunches
+        the script, which resumes from the emergency checkpoint), 1 when the run diverged or
+        its data raised (relaunching would fail the same way), 0 for every other stop."""
+        if self.stop_reason == StopReason.PREEMPTED:
+            return EXIT_PREEMPTED
+        if self.stop_reason in (StopReason.DIVERGED, StopReason.DATA_ERROR):
+            return 1
+        return 0
 
 
 class RunClock:

@@ -37,7 +37,7 @@ def print_summary(result: Any) -> None:
         ("samples", result.samples),
         ("tokens", result.tokens),
         ("initial val loss", result.initial_val_loss),
-        ("final val loss", result.val_loss),
+        ("final val loss", _final_val_loss(result)),
         ("final train loss", result.train_loss),
         ("tokens/s", result.tokens_per_second),
         ("samples/s", result.samples_per_second),
@@ -64,6 +64,14 @@ def print_summary(result: Any) -> None:
             continue  # one process; nothing the guard did
         table.add_row(name, _fmt(value))
     Console().print(table)
+
+
+def _final_val_loss(result: Any) -> float | str | None:
+    """The val loss measured after training began; a run evaluated only before its first
+    step says so, rather than repeating the initial loss as a final one."""
+    if result.val_loss is None and result.initial_val_loss is not None:
+        return "not measured (no evaluation after step 0)"
+    return result.val_loss
 
 
 def _wall(result: Any) -> str | float:
@@ -158,30 +166,50 @@ def console_for_api(logger_name: str = "thrifty") -> Iterator[bool]:
         logger.setLevel(level)
 
 
-def show_result(result: Any, diagnosis: Any) -> None:
-    """What a person sees when a run ends: the summary, the diagnosis, and how to resume."""
-    from thrifty.records.stop_signals import EXIT_PREEMPTED
+def show_result(result: Any, diagnosis: Any, interface: str = "cli") -> None:
+    """What a person sees when a run ends: the summary, the diagnosis, and how to resume.
+    `interface`: "cli" (`thrifty train` exits with the code) or "api" (a script should)."""
     from thrifty.run.saves import local_only_message
 
     print_summary(result)
     if diagnosis is not None:
         print_diagnosis(diagnosis, result)
-    guard = getattr(result, "guard", None) or {}
-    if result.stop_reason == StopReason.DIVERGED:
-        print(
-            f"thrifty: the run diverged: {guard.get('diverged')}; its newest checkpoint is the "
-            "last good state (exit code 1)"
-        )
     status = getattr(result, "checkpoint", None)
     if status and status.get("location") and not status.get("uploaded"):
         print(f"thrifty: warning: {local_only_message(status)}")
     if diagnosis is not None and diagnosis.busy:
         print(f"thrifty: warning: {diagnosis.busy}")
-    if result.stop_reason == StopReason.PREEMPTED:
-        print(
-            f"thrifty: preempted at step {result.steps}; checkpoint saved, run the same command "
-            f"to resume (exit code {EXIT_PREEMPTED})"
+    line = stop_line(result, interface)
+    if line:
+        print(f"thrifty: {line}")
+
+
+def stop_line(result: Any, interface: str = "cli") -> str:
+    """How a run that did not finish ended, and the exit code that tells a requeue wrapper
+    what to do: from a script, the line to end it with; "" for a run that finished."""
+    from thrifty.records.stop_signals import EXIT_PREEMPTED
+
+    guard = getattr(result, "guard", None) or {}
+    if result.stop_reason == StopReason.DIVERGED:
+        what = (
+            f"the run diverged: {guard.get('diverged')}; its newest checkpoint is the last "
+            "good state"
         )
+        code = 1
+    elif result.stop_reason == StopReason.PREEMPTED:
+        what = f"preempted at step {result.steps}; checkpoint saved"
+        code = EXIT_PREEMPTED
+    else:
+        return ""
+    if interface != "api":
+        resume = ", run the same command to resume" if code == EXIT_PREEMPTED else ""
+        return f"{what}{resume} (exit code {code})"
+    relaunch = (
+        " so a requeue wrapper relaunches it, and run it again to resume"
+        if code == EXIT_PREEMPTED
+        else " so a requeue wrapper does not relaunch it"
+    )
+    return f"{what}: end the script with sys.exit(result.exit_code) (exit code {code}){relaunch}"
 
 
 def log_checkpointing(policy: Any, blocks: list[str], held: dict[str, int]) -> None:

@@ -60,7 +60,9 @@ def fit_result(facts: RunFacts, reason: str, monitor: RunMonitor, wall_seconds: 
         samples=s.samples,
         tokens=s.tokens,
         train_loss=monitor.train_loss,
-        val_loss=s.val_loss,
+        # Measured after training began, or None: with no evaluation since step 0 the newest
+        # val loss is the initial one, not a final one.
+        val_loss=s.val_loss if s.val_steps else None,
         initial_val_loss=s.initial_val_loss,
         best_val_loss=f.best_val_loss,
         tokens_per_second=monitor.meter.tokens_per_second,
@@ -74,7 +76,7 @@ def fit_result(facts: RunFacts, reason: str, monitor: RunMonitor, wall_seconds: 
         run_dir=str(f.run_dir) if f.run_dir else None,
         mfu=monitor.mfu,
         breakdown=monitor.mean_phases(),
-        cost=monitor.cost.summary().to_dict() if monitor.cost is not None else None,
+        cost=monitor.cost.summary(wall_seconds).to_dict() if monitor.cost is not None else None,
         world_size=f.world_size,
         strategy=f.strategy,
         parameters=f.parameters,

@@ -123,7 +123,7 @@ class RunCheckpointer:
             "guard": parts.guard,
             "progress": progress,
         }
-        self.interval = SaveInterval(config.checkpoint)
+        self.interval = SaveInterval(config.checkpoint, spot=config.cost.pricing == "spot")
         self.manager: CheckpointManager | None = None  # rank 0's, once the run is open
         self.watcher: PreemptionWatcher | None = None  # every rank's, once the run is open
         self.run_dir: Path | None = None

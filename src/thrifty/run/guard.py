@@ -170,10 +170,13 @@ def step_unless_skipped(optimizer: Any, scaler: Any, ok: Any, *, warn: Any = Non
 
 def rewind_schedule(scheduler: Any, steps: int) -> None:
     """Set a LambdaLR back by `steps` skipped steps: a skipped step does not advance the
-    learning-rate schedule. Applied when the skip is known on the host (the metrics flush)."""
+    learning-rate schedule. Applied when the skip is known on the host (the metrics flush),
+    where a user's scheduler also has its rate looked at (one warning line if it collapsed
+    early: thrifty.levers.scheduler_checks.CollapseWatch)."""
     rewind = getattr(scheduler, "rewind", None)
     if rewind is not None:  # a user's scheduler (thrifty.levers.user_scheduler) replays itself
         rewind(steps)
+        scheduler.flushed()
         return
     if steps <= 0:
         return

@@ -39,6 +39,7 @@ def auto_interval(
     interruption_rate: float | str,
     instances: int | None = None,
     max_seconds: float | None = None,
+    spot: bool = True,
 ) -> tuple[float, str]:
     """The Young/Daly interval (seconds) for the measured stall, at most `max_seconds`
     (checkpoint.max_interval: the work a machine that dies without notice takes with it), and
@@ -48,7 +49,8 @@ def auto_interval(
     the stall is Daly's δ; the interval is never shorter than one full write (one save in flight).
     `interruption_rate` is one instance's; the job is interrupted whenever any of its
     `instances` (default: the nodes torchrun started, `job_instances()`) is, so its rate is that
-    many times larger.
+    many times larger. `spot`: the run is priced for spot (cost.pricing); off spot, an advisor
+    bucket is named as the rate it stands for, not as AWS's spot figure.
     """
     from thrifty.plan.spot import checkpoint_interval
     from thrifty.plan.spot import interruption_rate as rate_of
@@ -57,7 +59,11 @@ def auto_interval(
     nodes = job_instances() if instances is None else instances
     if isinstance(interruption_rate, str):
         one = rate_of(advisor_bucket=interruption_rate.replace(" ", ""))
-        rate_text = f"AWS advisor bucket {interruption_rate} ≈ {one:.2e}/h"
+        rate_text = (
+            f"AWS advisor bucket {interruption_rate} ≈ {one:.2e}/h"
+            if spot
+            else f"an assumed {one:.2e} interruptions/h (checkpoint.interruption_rate)"
+        )
     else:
         one = rate_of(rate_per_hour=interruption_rate)
         rate_text = f"{interruption_rate:g} interruptions/h"
@@ -100,8 +106,9 @@ class SaveInterval:
     never ("off": emergency and final saves only), or ("auto") after the Young/Daly interval
     measured on the first save."""
 
-    def __init__(self, config: CheckpointConfig) -> None:
+    def __init__(self, config: CheckpointConfig, spot: bool = True) -> None:
         self.config = config
+        self.spot = spot  # priced for spot: the interval's line names the advisor's figures
         self.interval = fixed_interval(config)
         self.last_step = 0
         self.last_time = time.perf_counter()
@@ -134,6 +141,7 @@ class SaveInterval:
             save_seconds,
             self.config.interruption_rate,
             max_seconds=self.config.max_interval_seconds,
+            spot=self.spot,
         )
         self.interval = Interval(seconds=tau)
         log.info(text)
@@ -211,7 +219,7 @@ def resume_point(
         info = manager.latest()
         return info, f"newest valid checkpoint at {where}" if info else f"no checkpoint at {where}"
     named = step_of(mode.rstrip("/").rpartition("/")[2])
-    if named is not None and not _in_own_location(mode, manager):
+    if named is not None and not in_own_location(mode, manager):
         try:
             own = manager.latest()
         except NoValidCheckpointError as exc:
@@ -225,7 +233,7 @@ def resume_point(
     return mode, f"checkpoint {redact(mode)}"
 
 
-def _in_own_location(ref: str, manager: CheckpointManager) -> bool:
+def in_own_location(ref: str, manager: CheckpointManager) -> bool:
     """Whether the checkpoint `ref` names is one of the run's own: in its location (or the
     local folder that stages it)."""
     parent = ref.rstrip("/").rpartition("/")[0]

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from thrifty.errors import ConfigError
-from thrifty.levers.user_scheduler import OWN_KIND, UserScheduler
+from thrifty.levers.user_scheduler import OWN_KIND, STEPS_KEY, UserScheduler
 from thrifty.run.config_changes import ResumeChanges, reapply_optimizer_settings
 
 log = logging.getLogger("thrifty")
@@ -38,8 +38,11 @@ def restore_scheduler(
     before the checkpoint's were loaded); they are put back when the optimization changed."""
     saved_kind = str(state.get("scheduler_kind", OWN_KIND))  # older checkpoints: the own one
     kind = scheduler_kind(scheduler)
-    # task.scheduler, task.scheduler_args.<name>: the state saved is another scheduler's
-    reconfigured = any(c.key.startswith("task.scheduler") for c in changes.changes)
+    # task.scheduler, task.scheduler_args.<name>, schedule.interval: the state saved is
+    # another scheduler's, or one stepped at another interval
+    reconfigured = any(
+        c.key.startswith("task.scheduler") or c.key == "schedule.interval" for c in changes.changes
+    )
     if saved_kind != kind or reconfigured:
         if not allow:
             raise ConfigError(
@@ -48,10 +51,13 @@ def restore_scheduler(
                 "--allow-config-change (run.allow_config_change = true) to start this run's at "
                 "the step the checkpoint reached"
             )
-        step = int(state["scheduler"].get("last_epoch", 0))
+        saved = state["scheduler"]
+        # The optimizer steps the run had taken: counted by a user's scheduler, the schedule's
+        # own step for thrifty's (one per optimizer step).
+        step = int(saved.get(STEPS_KEY, saved.get("last_epoch", 0)))
         start_at(scheduler, settings, step)
         log.warning(
-            "the learning rate follows %s from the checkpoint's schedule step %d on (it "
+            "the learning rate follows %s from the checkpoint's optimizer step %d on (it "
             "followed %s)",
             _describe(kind),
             step,

@@ -9,6 +9,7 @@ An out-of-memory error halves the micro-batch and replays the window, on every r
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 
 from thrifty.config import TrainConfig
-from thrifty.levers.accumulation import LossFn, call_model, loss_weights, to_device, window_counts
+from thrifty.levers.accumulation import LossFn, Weighting, call_model, to_device
 from thrifty.levers.micro_batch import Halving, first_sample, is_out_of_memory
 from thrifty.levers.precision import Precision
 from thrifty.measure.timing import NullTimer
@@ -24,6 +25,8 @@ from thrifty.run.checkpointer import RunParts
 from thrifty.run.guard import guarded_step
 from thrifty.strategies.base import Strategy
 from thrifty.strategies.process_group import Distributed
+
+log = logging.getLogger("thrifty")
 
 StepResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor | bool | None, list[int] | None]
 
@@ -52,6 +55,8 @@ class TrainStep:
         self.halving, self.log_event = halving, log_event
         self.optimizer = parts.optimizer
         self.params = [p for p in parts.model.parameters() if p.requires_grad]
+        self.weighting = Weighting(config.batch.normalize, parts.model)
+        self._said_weighting = False
 
     def run(
         self,
@@ -65,13 +70,18 @@ class TrainStep:
         as tensors on the device — reading them would force a host sync, so the caller batches
         that — and what the ranks agreed on. `skipped` (None with the guard off) is True where
         a non-finite loss or gradient left the step out.
-        `counts` are the window's samples and tokens per micro-batch, counted on the host;
-        `totals` the samples and tokens of the window over all ranks (None: one process);
+        `counts` are the window's samples and loss tokens per micro-batch
+        (`self.weighting.counts`), counted on the host; `totals` the samples and loss tokens
+        of the window over all ranks (None: one process);
         `say()` this rank's boundary word, summed over the ranks (None: one process)."""
         p, strategy = self.parts, self.strategy
         if self.halving.times:  # the micro-batch an earlier out-of-memory error left
             window = self.halving.apply(window)
-            counts = window_counts(window)
+            counts = self.weighting.counts(window)
+        if not self._said_weighting and (len(window) > 1 or self.dist.enabled):
+            # Once, at the first window that weighs several losses: it needs a batch to say.
+            log.info("accumulation: %s", self.weighting.describe(window[0]))
+            self._said_weighting = True
         while True:
             try:
                 window_loss, heard = self._accumulate(window, counts, timer, totals, say)
@@ -81,7 +91,7 @@ class TrainStep:
             # Outside the handler, whose frames held the failed attempt's tensors.
             window = self.halving.halve(window, error, self.optimizer)
             self.log_event(event="out_of_memory", micro_batch=self.halving.now)
-            counts = window_counts(window)
+            counts = self.weighting.counts(window)
         # The true gradients' norm, recorded at every step (clipping or not): it is the first
         # sign of a run going wrong. Unscaled first, so neither clipping nor the record sees
         # the loss scale.
@@ -114,9 +124,7 @@ class TrainStep:
         OutOfMemoryError when any rank ran out of memory: a rank that did takes part in the
         others' gradient synchronization first, so every rank replays the window together and
         none waits in a collective. The verdict rides on the step's one host-side agreement."""
-        weights = loss_weights(
-            window, self.config.batch.normalize, counts, totals, self.dist.world_size
-        )
+        weights = self.weighting.weights(window, counts, totals, self.dist.world_size)
         window_loss: torch.Tensor | None = None
         failed: str | None = None
         last = len(window) - 1

@@ -91,13 +91,21 @@ class Comparison:
         its runs failed): the tune keeps the config as given."""
         if self.stage != FINAL:
             return False
-        est = self.estimate
-        slower = est is not None and est.ratio <= 1.0
+        ratio = self.ratio
+        slower = ratio is not None and ratio <= 1.0
         return self.decision in (NO_GAIN, FAILED) or (self.decision in (TOO_NOISY, OPEN) and slower)
+
+    @property
+    def ratio(self) -> float | None:
+        """B over A as measured: the estimate's, or a single round's (None: no round)."""
+        est, ratios = self.estimate, self.ratios
+        if est is not None:
+            return est.ratio
+        return ratios[0] if ratios else None
 
     def to_dict(self) -> dict[str, Any]:
         est = self.estimate
-        figures = est.to_dict() if est else {"ratio": None, "low": None, "high": None}
+        figures = est.to_dict() if est else {"ratio": self.ratio, "low": None, "high": None}
         return {
             "name": self.name,
             "stage": self.stage,
@@ -182,8 +190,9 @@ def conclude(c: Comparison, why: str = "") -> Comparison:
         c.decision = NOT_RUN
     elif trouble is not None and not ended_by_budget(trouble):
         c.decision = FAILED
-    elif est is None:
-        c.decision, why = NOT_RUN, "the budget ended before two rounds"
+    elif est is None:  # one round at most: its ratio is said, but it decides nothing
+        c.decision = OPEN if c.ratios else NOT_RUN
+        why = "" if c.ratios else "the budget ended before a round"
     else:
         verdict = est.verdict()
         if verdict == UNDECIDED:
@@ -211,7 +220,11 @@ def line(c: Comparison, why: str, trouble: Trial | None) -> str:
         return f"{head}: not measured ({why}); {outcome(c)}"
     if c.decision == FAILED and trouble is not None:
         return f"{head}: run {trouble.name} failed ({trouble.error}); {outcome(c)}"
-    assert est is not None  # every other decision comes from an estimate
+    if est is None:  # one round: an interval needs two
+        return (
+            f"{head}: {c.ratios[0]:.2f}x {c.unit}/s in its one round; the budget ended before "
+            f"a second, which an interval needs; {outcome(c)}"
+        )
     figure = f"{head}: {est.describe()} {c.unit}/s over {est.rounds} alternating rounds"
     if c.decision == KEPT:
         return f"{figure}: {outcome(c)}"

@@ -41,6 +41,11 @@ POLL_SECONDS = 0.1
 COMPILE_WARMUP_STEPS = 3
 TRIAL_MODULE = "thrifty.tune_trial"
 READY, STEP = b"+", b"."  # what a trial's process reports: ready to train, a step completed
+# A trial ready to train that completes no step is hung once it has waited HUNG_SECONDS and
+# HUNG_STEPS times the slowest step the tune has measured: on a loaded machine whose steps take
+# seconds, a first step still running when the budget ends it is not a hang.
+HUNG_SECONDS = 30.0
+HUNG_STEPS = 5
 _OOM = re.compile(r"out of memory|OutOfMemoryError", re.IGNORECASE)
 _NO_SPACE = re.compile(r"no space left|disk quota exceeded|\[Errno (28|122)\]", re.IGNORECASE)
 
@@ -245,14 +250,29 @@ def stopped(
     )
 
 
-def no_step(candidate: Candidate, wall_seconds: float, run_dir: Path, ready: float) -> Trial:
+def no_step(
+    candidate: Candidate,
+    wall_seconds: float,
+    run_dir: Path,
+    ready: float,
+    slowest_step: float = 0.0,
+) -> Trial:
     """A trial that was ready to train `ready` seconds before the budget ended it and
     completed no step in that time: stopped while compiling where it compiles (its first
-    step is torch.compile's compiling), else hung."""
+    step is torch.compile's compiling), hung once it waited longer than a step can take
+    (HUNG_SECONDS, and HUNG_STEPS times `slowest_step`, the slowest step in seconds the tune
+    has measured), else stopped in its first step."""
     mode = candidate.setting.compile
     if mode != "off":
         status, failure = "stopped", "compiling"
         error = f"the budget ended it while compiling: {mode} mode had completed no step"
+    elif ready < max(HUNG_SECONDS, HUNG_STEPS * slowest_step):
+        measured = f"; the slowest step measured took {slowest_step:.1f} s" if slowest_step else ""
+        return dataclasses.replace(
+            stopped(candidate, wall_seconds, run_dir, 0),
+            error=f"stopped by the budget in its first step, {ready:.0f} s after it was ready"
+            f"{measured}",
+        )
     else:
         status, failure, error = "failed", "hung", "hung: no step completed in"
     return Trial(
@@ -329,6 +349,7 @@ class ChildTrials:
         self.peaks = dict(peaks or {})
         self.should_stop = should_stop
         self.children = Children()
+        self.slowest_step = 0.0  # seconds: the slowest step of a finished trial, for no_step
 
     def run_dir(self, candidate: Candidate) -> Path:
         return self.out / "trials" / candidate.name
@@ -361,7 +382,10 @@ class ChildTrials:
             raise child.write_error
         if code != 0 and self.should_stop():  # the stop reached it too (a scheduler's SIGTERM
             raise Interrupted(candidate.name)  # to every process of the job): not a result
-        return self._outcome(candidate, child, code, steps, peak_rss)
+        trial = self._outcome(candidate, child, code, steps, peak_rss)
+        if trial.ok and trial.step_seconds:
+            self.slowest_step = max(self.slowest_step, trial.step_seconds)
+        return trial
 
     def _start(self, candidate: Candidate, run_dir: Path) -> tuple[Child, StepCount]:
         steps = StepCount()
@@ -397,7 +421,8 @@ class ChildTrials:
         run_dir, wall = self.run_dir(candidate), child.elapsed
         if code is None:
             if steps.count == 0 and steps.ready is not None:
-                return no_step(candidate, wall, run_dir, time.monotonic() - steps.ready)
+                waited = time.monotonic() - steps.ready
+                return no_step(candidate, wall, run_dir, waited, self.slowest_step)
             return stopped(candidate, wall, run_dir, steps.count)
         if code < 0:
             return killed(candidate, wall, run_dir, -code, error_in(child.log))

@@ -11,16 +11,31 @@ Registering only builds the parser; the handler imports the planner when it runs
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from thrifty.commands.plan.options import (
-    ANY_FLOAT,
     BANDWIDTH,
-    COUNT,
+    BUDGET_DOLLARS,
+    BUDGET_FLOPS,
+    BUDGET_GPU_HOURS,
+    COUNT_INT,
     DTYPES,
+    EARLY_STOP,
     FIT,
-    FLOAT,
     FRACTION,
-    INT,
+    FRACTION_OR_ZERO,
+    HOURS,
+    PARAMS,
+    RATE,
+    RUNS,
+    SECONDS,
+    SEQUENCES,
+    SHAPE,
+    SPEEDUP,
+    STEPS,
+    TOKENS,
+    bounded,
 )
 from thrifty.commands.prices import add_catalog_options
 
@@ -35,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "for a budget, and the saving of each cost lever. Counts accept suffixes: 7B, 1.4T, 2e21.",
     )
     model = plan.add_argument_group("model (a parameter count or a transformer shape)")
-    model.add_argument("--params", type=COUNT, metavar="N", help="parameter count, e.g. 7B")
+    model.add_argument("--params", type=PARAMS, metavar="N", help="parameter count, e.g. 7B")
     for flag, text in (
         ("--layers", "layers"),
         ("--hidden", "hidden size"),
@@ -43,24 +58,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("--vocab", "vocabulary size"),
         ("--seq", "sequence length (tokens)"),
     ):
-        model.add_argument(flag, type=INT, metavar="N", help=text)
+        model.add_argument(flag, type=SHAPE, metavar="N", help=text)
     data = plan.add_argument_group("data (tokens, or steps x batch x --seq), or hours")
-    data.add_argument("--tokens", type=COUNT, metavar="D", help="training tokens, e.g. 1.4T")
+    data.add_argument("--tokens", type=TOKENS, metavar="D", help="training tokens, e.g. 1.4T")
     data.add_argument(
         "--hours",
-        type=FLOAT,
+        type=HOURS,
         metavar="H",
         help="hours of work on --instance, instead of a model and data: priced on-demand and "
         "on spot with the expected interruptions (default rate: the 5-10%% advisor bucket)",
     )
-    data.add_argument("--steps", type=COUNT, metavar="S", help="optimizer steps")
-    data.add_argument("--batch", type=COUNT, metavar="B", help="global batch in sequences per step")
+    data.add_argument("--steps", type=STEPS, metavar="S", help="optimizer steps")
+    data.add_argument(
+        "--batch", type=SEQUENCES, metavar="B", help="global batch in sequences per step"
+    )
     hw = plan.add_argument_group("hardware")
     hw.add_argument("--instance", metavar="NAME", help="catalog instance, e.g. p4d.24xlarge")
     hw.add_argument("--gpu", metavar="NAME", help="catalog GPU, e.g. H100 (no price)")
     hw.add_argument(
         "--count",
-        type=INT,
+        type=COUNT_INT,
         default=1,
         metavar="K",
         help="instances (or GPUs with --gpu); default 1",
@@ -88,15 +105,65 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="recompute the '$50K -> $18K' case study and list where its figures disagree",
     )
     add_catalog_options(plan)
-    plan.set_defaults(handler=_run_plan)
+    plan.set_defaults(handler=_run_plan, config=None)
     from thrifty.commands.plan.fit import register_fit
     from thrifty.commands.plan.isoflop import register_isoflop
 
     commands = plan.add_subparsers(
-        dest="plan_command", metavar="fit|isoflop", title="subcommand (optional)", required=False
+        dest="plan_command",
+        metavar="CONFIG.toml|fit|isoflop",
+        title="a training config to price, or a subcommand (optional)",
+        required=False,
+        action=_ConfigOrCommand,
     )
     register_fit(commands)
     register_isoflop(commands)
+
+
+class _ConfigOrSubcommands(Mapping[str, Any]):
+    """The subcommands, and any word ending in .toml: a training config to price."""
+
+    def __init__(self, parsers: dict[str, Any]) -> None:
+        self._parsers = parsers
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._parsers or (isinstance(key, str) and key.endswith(".toml"))
+
+    def __getitem__(self, key: str) -> Any:
+        return self._parsers[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parsers)
+
+    def __len__(self) -> int:
+        return len(self._parsers)
+
+
+class _ConfigOrCommand(argparse._SubParsersAction):
+    """`plan fit ...`, `plan isoflop ...`, or `plan CONFIG.toml [options]`: a config takes the
+    place of a subcommand (argparse hands a subcommand every word after it, so the words after
+    the config are read as plan's own options)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # argparse only tests membership and iterates: a view that also admits a config
+        self.choices = _ConfigOrSubcommands(self._name_parser_map)  # type: ignore[assignment]
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        assert isinstance(values, list)  # nargs=PARSER: the word and every word after it
+        if values[0] in self._name_parser_map:
+            super().__call__(parser, namespace, values, option_string)
+            return
+        if getattr(namespace, "config", None) is not None:
+            parser.error(f"give one training config, not {namespace.config} and {values[0]}")
+        namespace.config = values[0]
+        parser.parse_args(values[1:], namespace)
 
 
 def _plan_memory_options(plan: argparse.ArgumentParser) -> None:
@@ -111,7 +178,7 @@ def _plan_memory_options(plan: argparse.ArgumentParser) -> None:
     )
     mem.add_argument(
         "--micro-batch",
-        type=INT,
+        type=COUNT_INT,
         default=1,
         metavar="B",
         help="sequences per GPU per forward (default 1)",
@@ -123,7 +190,11 @@ def _plan_memory_options(plan: argparse.ArgumentParser) -> None:
         help="attention implementation assumed for activations (default flash/SDPA)",
     )
     mem.add_argument(
-        "--grad-accum", type=INT, default=1, metavar="K", help="micro-batches per optimizer step"
+        "--grad-accum",
+        type=COUNT_INT,
+        default=1,
+        metavar="K",
+        help="micro-batches per optimizer step",
     )
     mem.add_argument(
         "--grad-bytes",
@@ -146,10 +217,10 @@ def _plan_spot_options(plan: argparse.ArgumentParser) -> None:
     spot = plan.add_argument_group("spot economics")
     rate = spot.add_mutually_exclusive_group()
     rate.add_argument(
-        "--interruptions-per-hour", type=FLOAT, metavar="R", help="spot interruption rate"
+        "--interruptions-per-hour", type=RATE, metavar="R", help="spot interruption rate"
     )
     rate.add_argument(
-        "--mtbi-hours", type=FLOAT, metavar="H", help="mean time between interruptions"
+        "--mtbi-hours", type=HOURS, metavar="H", help="mean time between interruptions"
     )
     rate.add_argument(
         "--advisor",
@@ -158,21 +229,21 @@ def _plan_spot_options(plan: argparse.ArgumentParser) -> None:
     )
     spot.add_argument(
         "--save-seconds",
-        type=FLOAT,
+        type=SECONDS,
         default=60.0,
         metavar="S",
         help="checkpoint save time (default 60)",
     )
     spot.add_argument(
         "--restart-seconds",
-        type=ANY_FLOAT,
+        type=bounded("seconds", 1e7, "ten million seconds, 116 days", positive=False),
         default=600.0,
         metavar="S",
         help="time to get a new instance and resume (default 600)",
     )
     spot.add_argument(
         "--checkpoint-interval",
-        type=FLOAT,
+        type=SECONDS,
         metavar="S",
         help="seconds between checkpoints (default: Daly's optimum)",
     )
@@ -181,12 +252,17 @@ def _plan_spot_options(plan: argparse.ArgumentParser) -> None:
 def _plan_budget_options(plan: argparse.ArgumentParser) -> None:
     budget = plan.add_argument_group("compute-optimal size for a budget (Chinchilla)")
     which = budget.add_mutually_exclusive_group()
-    for flag, metavar, text in (
-        ("--budget-flops", "C", "budget in FLOPs, e.g. 5.88e23"),
-        ("--budget-gpu-hours", "H", "budget in GPU-hours (needs --gpu or --instance)"),
-        ("--budget-dollars", "USD", "budget in USD (needs --instance)"),
+    for flag, kind, metavar, text in (
+        ("--budget-flops", BUDGET_FLOPS, "C", "budget in FLOPs, e.g. 5.88e23"),
+        (
+            "--budget-gpu-hours",
+            BUDGET_GPU_HOURS,
+            "H",
+            "budget in GPU-hours (needs --gpu or --instance)",
+        ),
+        ("--budget-dollars", BUDGET_DOLLARS, "USD", "budget in USD (needs --instance)"),
     ):
-        which.add_argument(flag, type=COUNT, metavar=metavar, help=text)
+        which.add_argument(flag, type=kind, metavar=metavar, help=text)
     budget.add_argument(
         "--fit",
         type=FIT,
@@ -195,7 +271,7 @@ def _plan_budget_options(plan: argparse.ArgumentParser) -> None:
         help="loss fit: epoch (default, Epoch AI 2024), hoffmann (paper's rounded "
         "coefficients), tokens-per-param (~20 tokens per parameter), a FILE saved by 'thrifty "
         "plan fit --out FILE', or a folder: its scaling-fit.json if it holds one, else the runs "
-        "in it, fitted now (200 bootstrap resamples, seed 0)",
+        "in it, fitted now (1,000 bootstrap resamples, seed 0)",
     )
     budget.add_argument(
         "--pricing",
@@ -211,18 +287,18 @@ def _plan_lever_options(plan: argparse.ArgumentParser) -> None:
         "--levers", action="store_true", help="show the saving of each lever in sequence"
     )
     levers.add_argument(
-        "--runs", type=COUNT, default=1.0, metavar="R", help="runs per period (default 1)"
+        "--runs", type=RUNS, default=1.0, metavar="R", help="runs per period (default 1)"
     )
     levers.add_argument(
         "--early-stop",
-        type=ANY_FLOAT,
+        type=EARLY_STOP,
         default=0.0,
         metavar="K",
         help="runs stopped early because they would not improve (default 0)",
     )
     levers.add_argument(
         "--early-stop-at",
-        type=ANY_FLOAT,
+        type=FRACTION_OR_ZERO,
         default=0.6,
         metavar="F",
         help="fraction of runtime at which they stop (default 0.6)",
@@ -235,20 +311,20 @@ def _plan_lever_options(plan: argparse.ArgumentParser) -> None:
     )
     levers.add_argument(
         "--precision-speedup",
-        type=FLOAT,
+        type=SPEEDUP,
         metavar="X",
         help="measured speed-up of --dtype over --baseline-dtype (default: peak ratio)",
     )
     levers.add_argument(
         "--microbatch-speedup",
-        type=FLOAT,
+        type=SPEEDUP,
         default=1.0,
         metavar="X",
         help="measured net speed-up of the larger micro-batch checkpointing allows (default 1)",
     )
     levers.add_argument(
         "--compile-speedup",
-        type=FLOAT,
+        type=SPEEDUP,
         default=1.0,
         metavar="X",
         help="measured torch.compile speed-up (default 1)",

@@ -17,8 +17,15 @@ DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 FIT_NAMES = ("epoch", "hoffmann", "tokens-per-param")  # thrifty.plan.chinchilla.FIT_NAMES
 
 
-def _typed(kind: str, parse: Callable[[str], Any], positive: bool = True) -> Callable[[str], Any]:
-    """An argparse type that reports a bad value as one line naming the value and the fix."""
+def _typed(
+    kind: str,
+    parse: Callable[[str], Any],
+    positive: bool = True,
+    most: tuple[float, str] | None = None,
+) -> Callable[[str], Any]:
+    """An argparse type that reports a bad value as one line naming the value and the fix.
+    `most`: the largest value its unit makes sensible, and that limit in words; checked while
+    parsing, before any work starts."""
 
     def convert(text: str) -> Any:
         try:
@@ -27,10 +34,33 @@ def _typed(kind: str, parse: Callable[[str], Any], positive: bool = True) -> Cal
             raise argparse.ArgumentTypeError(str(exc) or f"not {kind}: {text!r}") from None
         if positive and not value > 0:
             raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+        if most is not None and not value <= most[0]:
+            raise argparse.ArgumentTypeError(
+                f"must be at most {most[0]:g} ({most[1]}), got {text!r}"
+            )
         return value
 
     convert.__name__ = kind
     return convert
+
+
+def bounded(kind: str, most: float, words: str, *, positive: bool = True) -> Callable[[str], Any]:
+    """A number (count suffixes allowed) in (0, most], or [0, most] when not `positive`."""
+    if positive:
+        return _typed(kind, count, most=(most, words))
+
+    def non_negative(text: str) -> float:
+        value = count(text)
+        if not value >= 0:
+            raise ConfigError(f"must be 0 or more, got {text!r}")
+        return value
+
+    return _typed(kind, non_negative, positive=False, most=(most, words))
+
+
+def bounded_int(most: float, words: str) -> Callable[[str], Any]:
+    """A whole number in [1, most]."""
+    return _typed("a whole number", _int, most=(most, words))
 
 
 def count(text: str) -> float:
@@ -78,7 +108,26 @@ FLOAT = _typed("a number", count)
 FRACTION = _typed("a fraction", _fraction)
 FIT = _typed("a fit", _fit, positive=False)
 ANY_FLOAT = _typed("a number", count, positive=False)
-BANDWIDTH = _typed("a bandwidth", _bandwidth)
+BANDWIDTH = _typed("a bandwidth", _bandwidth, most=(1e6, "1 PB/s"))
+
+# The largest value each unit makes sensible: far past any real job, well short of where the
+# arithmetic overflows a float (a 1e308-hour job, a 1e300-FLOP budget).
+PARAMS = bounded("a parameter count", 1e15, "a quadrillion parameters")
+TOKENS = bounded("a token count", 1e17, "1e17 tokens")
+HOURS = bounded("hours", 1e6, "a million hours, 114 years")
+STEPS = bounded("a step count", 1e12, "a trillion steps")
+SEQUENCES = bounded("a batch", 1e9, "a billion sequences")
+BUDGET_FLOPS = bounded("FLOPs", 1e30, "1e30 FLOPs, ten thousand times the largest runs")
+BUDGET_GPU_HOURS = bounded("GPU-hours", 1e10, "ten billion GPU-hours")
+BUDGET_DOLLARS = bounded("USD", 1e13, "ten trillion dollars")
+RATE = bounded("a rate", 3600, "one interruption a second")
+SECONDS = bounded("seconds", 1e7, "ten million seconds, 116 days")
+SPEEDUP = bounded("a speed-up", 1000, "1000x")
+RUNS = bounded("runs", 1e7, "ten million runs")
+EARLY_STOP = bounded("runs", 1e7, "ten million runs", positive=False)
+FRACTION_OR_ZERO = bounded("a fraction", 1, "all of the run", positive=False)
+SHAPE = bounded_int(1e9, "a billion")
+COUNT_INT = bounded_int(1e6, "a million")
 
 
 def budget_from_args(args: argparse.Namespace, catalog: Catalog | None) -> tuple[float, list[str]]:

@@ -49,6 +49,10 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.case_study:
         return _case_study(args, catalog)
     sections = Sections()
+    if args.config is not None:
+        _config_sections(args, catalog, sections)
+        _print(args, sections)
+        return 0
     model = _model(args)
     budget = any(
         v is not None for v in (args.budget_flops, args.budget_gpu_hours, args.budget_dollars)
@@ -74,6 +78,37 @@ def run_plan(args: argparse.Namespace) -> int:
         _chinchilla_section(args, catalog, sections)
     _print(args, sections)
     return 0
+
+
+def _config_sections(args: argparse.Namespace, catalog: Catalog, sections: Sections) -> None:
+    """`thrifty plan CONFIG.toml`: the job's estimate on --instance or --gpu, its spot
+    economics (the rate given, else the 5-10% advisor bucket) and the commitments."""
+    from thrifty.commands.plan.config_job import plan_config
+    from thrifty.plan.estimate import priced_gpu
+
+    given = [f"--{k}" for k in ("params", "tokens", "steps", "batch", "hours") if getattr(args, k)]
+    given += [f"--{k}" for k in SHAPE_FLAGS if getattr(args, k) is not None]
+    if given:
+        raise ConfigError(
+            f"{args.config} gives the model and the budget: leave out {', '.join(given)} "
+            "(or drop the config and give them alone)"
+        )
+    if args.instance is None and args.gpu is None:
+        raise ConfigError(
+            f"pricing {args.config} needs hardware: --instance NAME (e.g. g5.xlarge) or "
+            "--gpu NAME (e.g. A10G, priced on the cheapest catalog instance with it)"
+        )
+    if args.instance is not None:
+        hardware = _priced_hardware(args, catalog, "pricing a config")
+    else:
+        hardware = priced_gpu(args.gpu, args.count, catalog)
+    est = plan_config(args, hardware)
+    sections.add("estimate", est)
+    if hardware.instance is None:
+        return
+    if hardware.instance.spot_per_hour is not None:
+        sections.add("spot", _spot_plan(args, hardware, est.hours, default_bucket="5-10%"))
+    _commitment_section(args, hardware, est.hours, sections)
 
 
 def _model(args: argparse.Namespace) -> float | ModelShape | None:
@@ -246,19 +281,108 @@ def _spot_section(
 
 
 def _hours_section(args: argparse.Namespace, catalog: Catalog, sections: Sections) -> None:
-    """`--hours H --instance NAME`: H hours of work priced on-demand and on spot, with the
-    interruptions the rate given (or the 5-10% advisor bucket) makes expected."""
-    if args.instance is None:
-        raise ConfigError("--hours needs a priced --instance, e.g. --instance p4d.24xlarge")
-    hardware = resolve_hardware(instance=args.instance, gpu=None, count=args.count, catalog=catalog)
+    """`--hours H` on `--instance NAME` (or on the cheapest catalog instance with `--count`
+    GPUs `--gpu`): H hours of work priced on-demand, on spot with the interruptions the rate
+    given (or the 5-10% advisor bucket) makes expected, and under each commitment."""
+    hardware = _priced_hardware(args, catalog, "--hours")
     instance = hardware.instance
-    assert instance is not None  # resolved from --instance
-    if instance.spot_per_hour is None:
+    assert instance is not None  # _priced_hardware found one
+    if instance.spot_per_hour is not None:
+        sections.add("spot", _spot_plan(args, hardware, args.hours, default_bucket="5-10%"))
+    else:
+        sections.add("hours", _on_demand_hours(hardware, args.hours))
+    _commitment_section(args, hardware, args.hours, sections)
+
+
+def _priced_hardware(args: argparse.Namespace, catalog: Catalog, what: str) -> Hardware:
+    """`--instance`, or for `--gpu` the cheapest catalog instance with `--count` of that GPU."""
+    from thrifty.plan.estimate import priced_gpu
+
+    if args.instance is not None and args.gpu is not None:
+        raise ConfigError("give --instance or --gpu, not both (an instance names its GPU)")
+    if args.instance is not None:
+        return resolve_hardware(instance=args.instance, gpu=None, count=args.count, catalog=catalog)
+    if args.gpu is None:
         raise ConfigError(
-            f"{instance.name} has no spot price in the catalog; choose a spot-priced --instance "
-            "(see 'thrifty prices --instances')"
+            f"{what} needs a priced --instance, e.g. --instance p4d.24xlarge, or --gpu NAME "
+            "(e.g. --gpu A10G: priced on the cheapest catalog instance with it)"
         )
-    sections.add("spot", _spot_plan(args, hardware, args.hours, default_bucket="5-10%"))
+    hardware = priced_gpu(args.gpu, args.count, catalog)
+    if hardware.instance is None:
+        raise ConfigError(
+            f"{what}: no catalog instance has {args.count} x {hardware.gpu.name} to price it on; "
+            "give --instance (see 'thrifty prices --instances') or add one in a --catalog file"
+        )
+    return hardware
+
+
+@dataclass
+class OnDemandHours:
+    """Hours of work on an instance without a spot price: what they cost on-demand."""
+
+    instance: str
+    instances: int
+    hours: float
+    on_demand_per_hour: float  # USD per hour for all the instances
+    cost: float  # USD
+    assumptions: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def _on_demand_hours(hardware: Hardware, hours: float) -> OnDemandHours:
+    instance = hardware.instance
+    assert instance is not None  # priced hardware
+    price = _price(hardware, "on-demand")
+    return OnDemandHours(
+        instance=instance.name,
+        instances=hardware.count,
+        hours=hours,
+        on_demand_per_hour=price,
+        cost=price * hours,
+        assumptions=[
+            f"prices for {instance.name}: {instance.dated_source}; no spot price in the catalog"
+        ],
+    )
+
+
+def _commitment_section(
+    args: argparse.Namespace, hardware: Hardware, job_hours: float, sections: Sections
+) -> None:
+    """The instance's 1- and 3-year commitments against on-demand and spot, for jobs of
+    `job_hours`, at the interruption rate given (else the 5-10% advisor bucket)."""
+    from thrifty.plan.commitment import commitment_plan
+
+    instance = hardware.instance
+    if instance is None or not instance.commitments():
+        return
+    rate, bucket = _rate(args, "5-10%")
+    plan = commitment_plan(
+        instance,
+        rate_per_hour=rate,
+        job_hours=job_hours,
+        save_seconds=args.save_seconds,
+        restart_seconds=args.restart_seconds,
+    )
+    if bucket and not _rate_given(args) and instance.spot_per_hour is not None:
+        plan.assumptions.append(f"advisor bucket {bucket} (no rate given: thrifty's default)")
+    sections.add("commitment", plan)
+
+
+def _rate(args: argparse.Namespace, default_bucket: str | None) -> tuple[float, str | None]:
+    """Interruptions per hour of one instance from the options, else `default_bucket`."""
+    from thrifty.plan.spot import interruption_rate
+
+    bucket = args.advisor or (None if _rate_given(args) else default_bucket)
+    rate = interruption_rate(
+        rate_per_hour=args.interruptions_per_hour,
+        mtbi_seconds=args.mtbi_hours * 3600 if args.mtbi_hours is not None else None,
+        advisor_bucket=bucket,
+    )
+    return rate, bucket
 
 
 def _spot_plan(
@@ -269,15 +393,10 @@ def _spot_plan(
 ) -> SpotPlan:
     """`work_hours` on `hardware` on-demand and on spot, at the interruption rate the options
     give (else `default_bucket`, an advisor bucket, said so among the assumptions)."""
-    from thrifty.plan.spot import interruption_rate, spot_economics
+    from thrifty.plan.spot import spot_economics
 
     default = None if _rate_given(args) else default_bucket
-    bucket = args.advisor or default
-    rate = interruption_rate(
-        rate_per_hour=args.interruptions_per_hour,
-        mtbi_seconds=args.mtbi_hours * 3600 if args.mtbi_hours is not None else None,
-        advisor_bucket=bucket,
-    )
+    rate, bucket = _rate(args, default_bucket)
     plan = spot_economics(
         work_hours,
         on_demand_per_hour=_price(hardware, "on-demand"),
@@ -434,6 +553,8 @@ def _print(args: argparse.Namespace, sections: Sections) -> None:
         "scaling": report.scaling_table,
         "spot": report.spot_table,
         "levers": report.levers_table,
+        "hours": report.hours_table,
+        "commitment": report.commitment_table,
     }
     for key, result in sections.items:
         if key == "chinchilla":
@@ -448,6 +569,9 @@ def _print(args: argparse.Namespace, sections: Sections) -> None:
             print_prediction_notes(out, result.fit, result.prediction, result.notes)
             continue
         out.print(render[key](result))
+        if key == "commitment":
+            for line in report.commitment_lines(result):
+                out.print(f"  {line}", markup=False, soft_wrap=True)
         report.print_assumptions(out, result.assumptions)
 
 
