@@ -74,9 +74,10 @@ def first_error_line(log: Path, start: int = 0) -> str:
     return found or next((line for line in reversed(lines) if line), "(no output)")
 
 
-def error_in(log: Path) -> str | None:
-    """The first error in a log (as `first_error_line`), None when it shows none."""
-    return _first_error(_lines(log) or [])
+def error_in(log: Path, start: int = 0) -> str | None:
+    """The first error in a log from byte `start` (as `first_error_line`), None when it shows
+    none."""
+    return _first_error(_lines(log, start) or [])
 
 
 def _lines(log: Path, start: int = 0) -> list[str] | None:
@@ -209,6 +210,11 @@ class Child:
                 self._file.close()
             except OSError as exc:  # a full disk seen at the last flush
                 self.write_error = self.write_error or exc
+
+    @property
+    def session_start(self) -> int:
+        """Where this session's lines begin in the log (bytes)."""
+        return self._start
 
     def error_line(self) -> str:
         """What its log says went wrong (its last line when it shows no error)."""

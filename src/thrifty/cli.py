@@ -17,7 +17,7 @@ from thrifty.console import EXIT_USAGE
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.lazy import load_torch
 from thrifty.records.stop_signals import EXIT_PREEMPTED, StopRequested, StopSignals, stopping
-from thrifty.redact import one_line, redact_text
+from thrifty.redact import printed, redact_text, redacted_log_records
 
 # Modules that contribute subcommands, in the order `thrifty --help` lists them.
 COMMAND_MODULES = (
@@ -44,7 +44,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors as one line with exit code 2 (no usage dump)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"thrifty: error: {one_line(message)} (see '{self.prog} --help')\n")
+        self.exit(EXIT_USAGE, f"thrifty: error: {printed(message)} (see '{self.prog} --help')\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,7 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    words = list(sys.argv[1:] if argv is None else argv)
+    with redacted_log_records():  # every log line of every command, whoever prints it
+        return _run(list(sys.argv[1:] if argv is None else argv))
+
+
+def _run(words: list[str]) -> int:
     if words[:1] and words[0] in TRAINING_COMMANDS:
         # Before the commands are even imported: the launcher's SIGTERM can come at any time.
         with stopping() as stops:
@@ -149,7 +153,7 @@ def _report(exc: ThriftyError) -> None:
     raises alike (a config error, or one rank 0 shared) is printed by rank 0 only; others name
     their rank."""
     rank = os.environ.get("RANK", "0")
-    message = one_line(redact_text(str(exc)))
+    message = printed(str(exc))
     if getattr(exc, "exit_code", EXIT_USAGE) == 0:  # nothing to do (a finished run): no error
         if rank == "0":
             print(f"thrifty: {message}", file=sys.stderr)

@@ -32,10 +32,11 @@ SET_HELP = "override a config value, e.g. --set batch.micro=8 (repeatable)"
 
 
 def say(command: str, message: str) -> None:
-    """One progress line on stderr, `thrifty COMMAND: message`; stdout is kept for the report."""
-    from thrifty.redact import one_line
+    """One progress line on stderr, `thrifty COMMAND: message`, redacted and on one line
+    (`printed`); stdout is kept for the report."""
+    from thrifty.redact import printed
 
-    print(f"thrifty {command}: {one_line(message)}", file=sys.stderr, flush=True)
+    print(f"thrifty {command}: {printed(message)}", file=sys.stderr, flush=True)
 
 
 def dash(value: Any) -> str:

@@ -5,6 +5,9 @@ summary.json, diagnosis.json, log lines) goes through `redact_value` or `redact_
 
 - URLs lose their `user:password@` part (a password may hold `/`, `:` or `@`) and the values
   of query parameters that sign or authorize a request (S3 and GCS presigned URLs, Azure SAS).
+- The same, percent-encoded once or more, as another library quotes a URL it built from ours
+  (botocore's `.../prefix%3FX-Amz-Signature%3D...`, `https%3A%2F%2Fuser%3Apassword%40host`):
+  a word whose decoded form still holds a secret after that is masked as a whole.
 - Bare AWS access key ids (`AKIA...`, `ASIA...`) and `Bearer`/`Basic` credentials are masked.
 - `name=value` and `name: value` pairs whose name says secret (`aws_secret_access_key=...`,
   `AccountKey=...` in a connection string, `"token": "..."`) lose their value.
@@ -15,10 +18,11 @@ summary.json, diagnosis.json, log lines) goes through `redact_value` or `redact_
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 REDACTED = "<redacted>"
@@ -111,13 +115,63 @@ _PAIR = re.compile(r"(?P<name>[A-Za-z_][\w.-]*)(?P<quote>[\"']?)\s*[=:]\s*")
 _VALUE_END = re.compile(r"[\s,;&)}\]\"']")
 # A factory's import path (`my_pkg.auth:build_model`), as `[task]` names one: the module's name
 # may hold a secret word, but the text is code's address, not a `name: value` pair.
-_IMPORT_PATH = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*")
+_IMPORT_PATH = re.compile(
+    r"[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*"
+)
+
+
+# The same two, percent-encoded once or more (`%3F`, `%253F`): a URL another library built
+# from one of ours and quotes in its error, its query written into the object key's path.
+_PCT = r"%(?:25)*"
+_ENCODED_USERINFO = re.compile(
+    rf"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*{_PCT}3[Aa]{_PCT}2[Ff]{_PCT}2[Ff])[^\s'\"<>@&]*{_PCT}40"
+)
+# A name of URL-safe characters only (what encoding leaves as is) after an encoded `?`, `&`, `;`
+# or `/`, or at the start of a word; its value runs to the next `&`, encoded or not.
+_ENCODED_PARAM = re.compile(
+    rf"(?P<lead>[?&;]|{_PCT}(?:3[Ff]|26|3[Bb]|2[Ff])|(?<![\w.~%-]))"
+    rf"(?P<name>[A-Za-z0-9_.~-]+)(?P<eq>=|{_PCT}3[Dd])"
+    rf"(?P<value>(?:(?!{_PCT}26)[^&#\s'\"<>])*)"
+)
+_ENCODED_WORD = re.compile(r"[^\s'\"<>]*%[0-9A-Fa-f]{2}[^\s'\"<>]*")
+_DECODE_ROUNDS = 3  # a URL quoted inside a URL inside a URL is as deep as anyone encodes
 
 
 def _redact_query(match: re.Match[str]) -> str:
-    if not is_secret_name(match.group("name")):
-        return match.group(0)
+    if not match.group("value") or not is_secret_name(match.group("name")):
+        return match.group(0)  # an empty value holds nothing to mask
     return f"{match.group('lead')}{match.group('name')}={REDACTED}"
+
+
+def _redact_encoded_query(match: re.Match[str]) -> str:
+    value = match.group("value")
+    if not value or value == REDACTED or not is_secret_name(match.group("name")):
+        return match.group(0)
+    return f"{match.group('lead')}{match.group('name')}{match.group('eq')}{REDACTED}"
+
+
+def _redact_encoded(text: str) -> str:
+    """Percent-encoded URLs' credentials and signing parameters masked, the text kept encoded;
+    then any word that decodes (up to three times) to text that still holds a secret is
+    masked whole: what no pattern above foresaw is not printed."""
+    if "%" not in text:
+        return text
+    text = _ENCODED_USERINFO.sub(r"\g<scheme>", text)
+    text = _ENCODED_PARAM.sub(_redact_encoded_query, text)
+    return _ENCODED_WORD.sub(_mask_decoded_secret, text)
+
+
+def _mask_decoded_secret(match: re.Match[str]) -> str:
+    from urllib.parse import unquote
+
+    word = decoded = match.group(0)
+    for _ in range(_DECODE_ROUNDS):
+        decoded, before = unquote(decoded), decoded
+        if decoded == before:
+            break
+    if decoded == word or _redact_plain(decoded) == decoded:
+        return word
+    return REDACTED
 
 
 def _redact_pairs(text: str) -> str:
@@ -159,11 +213,22 @@ def one_line(text: str) -> str:
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text) if text else text
 
 
+def printed(text: str) -> str:
+    """`text` as thrifty prints it: redacted (`redact_text`), then on one line (`one_line`).
+    Every line the command line writes itself (errors, `thrifty COMMAND:` progress) goes
+    through it; log records go through `redacted_log_records`."""
+    return one_line(redact_text(text))
+
+
 def redact_text(text: str) -> str:
     """The text with URL credentials, signed-URL parameters, AWS key ids and secret-named
     `name=value` pairs replaced by `<redacted>` (a URL's `user:password@` is removed)."""
     if not text:
         return text
+    return _redact_plain(_redact_encoded(text))
+
+
+def _redact_plain(text: str) -> str:
     text = _USERINFO.sub(r"\g<scheme>", text)
     text = _BARE_USERINFO.sub("", text)
     text = _QUERY_PARAM.sub(_redact_query, text)
@@ -259,6 +324,42 @@ def _redact_item(key: Any, value: Any) -> Any:
 # Logging
 
 
+def redact_record(record: logging.LogRecord) -> None:
+    """Redact a record's message (arguments merged in), traceback and stack in place."""
+    try:
+        message = record.getMessage()
+    except Exception:  # arguments that do not fit: logging reports it, never with a secret
+        message = f"{record.msg} {record.args}"
+    record.msg = redact_text(message)
+    record.args = None
+    if record.exc_info and not record.exc_text:
+        record.exc_text = logging.Formatter().formatException(record.exc_info)
+    if record.exc_text:
+        record.exc_text = redact_text(record.exc_text)
+    if record.stack_info:
+        record.stack_info = redact_text(record.stack_info)
+
+
+@contextlib.contextmanager
+def redacted_log_records() -> Iterator[None]:
+    """While inside: every log record made in this process, by any logger, is redacted
+    (`redact_record`) as it is made, so that whichever handler prints it (one a command set up,
+    logging's last resort, a library's own) prints no secret. The command line runs each
+    command inside it; the record factory in place before is restored after."""
+    previous = logging.getLogRecordFactory()
+
+    def make(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        redact_record(record)
+        return record
+
+    logging.setLogRecordFactory(make)
+    try:
+        yield
+    finally:
+        logging.setLogRecordFactory(previous)
+
+
 class RedactingFilter(logging.Filter):
     """Redacts each record's message (arguments merged in) and traceback before it is written,
     the message kept on one line (`one_line`).
@@ -268,14 +369,8 @@ class RedactingFilter(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = one_line(redact_text(record.getMessage()))
-        record.args = None
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
-            record.exc_text = redact_text(record.exc_text)
-        if record.stack_info:
-            record.stack_info = redact_text(record.stack_info)
+        redact_record(record)
+        record.msg = one_line(record.msg)
         return True
 
 

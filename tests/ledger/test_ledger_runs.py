@@ -8,7 +8,6 @@ import json
 import pytest
 
 from thrifty.ledger.book import read_ledger
-from thrifty.records.directory import read_metrics
 
 
 def jobs_by_name(team):
@@ -20,13 +19,11 @@ def test_the_killed_and_resumed_run_is_one_row_whose_dollars_are_its_two_parts(t
     assert job.machines == 1  # one run directory, one attempt after another in it
     summary = json.loads((team.root / "killed/summary.json").read_text())
     rate = summary["cost"]["usd_per_hour"] / 3600
-    # The parts: the killed attempt paid for every second it trained; the resumed one for
-    # the seconds from its checkpoint's to its end.
+    # The parts: the killed attempt paid for its wall time to its last record (set-up and
+    # every second it trained); the resumed one for its whole wall time.
     killed = [r for r in team.killed_before_resume if "cost" in r]
-    first = killed[-1]["cost"]["elapsed_seconds"] * rate
-    resumed = [r for r in read_metrics(team.root / "killed/metrics.jsonl") if "cost" in r]
-    at_checkpoint = next(r for r in resumed if r["step"] == 40)["cost"]["elapsed_seconds"]
-    second = (resumed[-1]["cost"]["elapsed_seconds"] - at_checkpoint) * rate
+    first = (killed[-1]["cost"]["elapsed_seconds"] + killed[-1]["cost"]["overhead_seconds"]) * rate
+    second = summary["wall_seconds"] * rate
     assert job.usd == pytest.approx(first + second, rel=0.02)
     assert job.usd == pytest.approx(summary["cost"]["usd"])
     # What the kill threw away is shown apart: the steps past the checkpoint, redone.

@@ -120,7 +120,7 @@ def test_budget_options_given_before_fit_are_kept() -> None:
     assert args.budget_flops == 1e21 and args.paths == ["runs.csv"]
     assert args.handler.__name__ == "_run_fit"
     args = parser.parse_args(["plan", "fit", "runs.csv", "--budget-dollars", "5k"])
-    assert args.budget_dollars == 5000 and args.budget_flops is None and args.bootstrap == 200
+    assert args.budget_dollars == 5000 and args.budget_flops is None and args.bootstrap == 1000
 
 
 def _csv(tmp_path: Path, text: str) -> str:

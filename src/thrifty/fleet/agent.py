@@ -56,7 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             rendezvous=rendezvous,
         )
     except ThriftyError as exc:
-        print(f"thrifty: error: {exc}", file=sys.stderr)
+        from thrifty.redact import printed
+
+        print(f"thrifty: error: {printed(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -8,6 +8,7 @@ code 2 with nothing left behind.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -112,13 +113,33 @@ def sweep_job(args: argparse.Namespace, config: TrainConfig, cwd: Path) -> Sweep
             f"--nodes {args.nodes} with --sweep needs --storage URL: the study the nodes share "
             "(e.g. postgresql://user:pass@host/db); without it each node would sweep alone"
         )
-    study = args.study or config.run.name
+    study = check_study_name(args.study, config.run.name)
     return SweepJob(
         space=relative_config(given, cwd),
         storage=args.storage,
         study=study,
         out=f"runs/sweep-{study}",
     )
+
+
+# A study's name is one folder's on every node (`runs/sweep-NAME`): letters, digits, `.`, `_`
+# and `-`, not starting with `-` (an option to the node's parser) and not `.` or `..`.
+STUDY_NAME = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,127}")
+
+
+def check_study_name(given: str | None, run_name: str) -> str:
+    """The sweep's study name (--study, else run.name), refused in one line unless it is one
+    plain path component: it names every node's output folder, before any machine is paid for."""
+    name = given if given is not None else run_name
+    what = f"--study {name!r}" if given is not None else f"run.name {name!r} (the study's name)"
+    if not STUDY_NAME.fullmatch(name) or name.strip(".") == "":
+        fix = "give --study NAME" if given is None else "give another --study"
+        raise ConfigError(
+            f"{what} is invalid for --sweep: it names each node's folder runs/sweep-NAME, so "
+            "it must be 1 to 128 letters, digits, '.', '_' or '-', not starting with '-' and "
+            f"not '.' or '..'; {fix}"
+        )
+    return name
 
 
 def print_cost(args: argparse.Namespace, job: FleetJob, config: TrainConfig) -> None:

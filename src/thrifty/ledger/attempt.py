@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.errors import ThriftyError
+from thrifty.ledger.figures import WHAT, damaged, fits, shown
+from thrifty.ledger.files import NotAFile, check_regular, read_text, regular
 from thrifty.records.directory import read_metrics
 from thrifty.records.stop import StopReason
 from thrifty.redact import redact_text
@@ -32,6 +34,8 @@ from thrifty.redact import redact_text
 LOCK_NAME = ".thrifty.lock"  # thrifty.run.holder.LOCK_FILE: held with flock while a run trains
 # Tables that say what a run trains (not where it writes or how long): its "config" group.
 _WHAT_IT_TRAINS = ("task", "optimizer", "schedule", "batch", "precision", "model")
+# The files of a run the ledger opens or looks at: each must be a regular file (or absent).
+_RUN_FILES = ("summary.json", "metrics.jsonl", "config.toml", LOCK_NAME)
 
 
 class Skipped(ThriftyError):
@@ -68,7 +72,8 @@ class Attempt:
     """One run directory. `timeline` pairs each recorded step with the training seconds kept
     at it (across restarts); `first_step` is where this directory's records begin (0, or the
     step a relaunch on a new machine resumed from); `wasted_seconds` and `redone_steps` are
-    what preemptions threw away that this directory saw."""
+    what preemptions threw away that this directory saw; `overhead_seconds` the wall time its
+    attempts spent outside the training clock (set-up, what followed their last step)."""
 
     path: Path
     name: str
@@ -84,6 +89,7 @@ class Attempt:
     timeline: tuple[tuple[int, float], ...]
     wasted_seconds: float = 0.0
     redone_steps: int = 0
+    overhead_seconds: float = 0.0  # every attempt's wall time outside the training clock
     gpus: int = 1
     price: Price | None = None
     saved: Saved | None = None
@@ -109,22 +115,29 @@ class Attempt:
 
 def read_attempt(path: Path) -> Attempt:
     """The run in `path` (it holds metrics.jsonl or summary.json); `Skipped` when a file of it
-    is damaged or unreadable."""
+    is damaged or unreadable (one line naming the file and the field)."""
+    for name in _RUN_FILES:
+        try:
+            check_regular(path / name)
+        except NotAFile as exc:
+            raise Skipped(f"{exc}: skipped, never opened; move it away to count the run") from None
     summary = _read_summary(path)
     records = _read_records(path)
-    steps = [r for r in records if "loss" in r and "event" not in r]
+    steps = _step_records(path / "metrics.jsonl", records)
     if not steps and summary is None:
         raise Skipped(f"{path}: no step recorded yet: nothing to count")
     config = _read_config(path / "config.toml")
     first_step = _first_step(records)
     timeline = _timeline(steps)
     lost = _lost(records, summary)
-    seconds = _kept_seconds(summary, timeline)
+    overhead = _overhead(records, summary)
+    seconds = _kept_seconds(summary, timeline, overhead)
     last_step = max([s for s, _ in timeline] + [int((summary or {}).get("steps") or 0)])
     price, gpus = _price(summary, config, path)
     state, reason = _state(summary, path)
     ended = _mtime(path / "summary.json") or _mtime(path / "metrics.jsonl") or _now()
-    began = ended.timestamp() - max(0.0, seconds - _seconds_before(timeline, first_step))
+    own = seconds + overhead - _seconds_before(timeline, first_step)
+    began = ended.timestamp() - max(0.0, own)
     config_written = _mtime(path / "config.toml")
     if config_written is not None:
         began = min(began, config_written.timestamp())
@@ -143,6 +156,7 @@ def read_attempt(path: Path) -> Attempt:
         timeline=timeline,
         wasted_seconds=lost[0],
         redone_steps=lost[1],
+        overhead_seconds=overhead,
         gpus=gpus,
         price=price,
         saved=_saved(summary, price),
@@ -155,10 +169,10 @@ def read_attempt(path: Path) -> Attempt:
 def _read_summary(path: Path) -> dict[str, Any] | None:
     """summary.json (None before the run ends); a damaged one is `Skipped`, with the fix."""
     file = path / "summary.json"
-    if not file.is_file():
+    if not regular(file):
         return None
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = json.loads(read_text(file))
     except OSError as exc:
         raise Skipped(f"{file}: cannot be read ({exc.strerror}): skipped") from None
     except (ValueError, RecursionError):
@@ -168,28 +182,70 @@ def _read_summary(path: Path) -> dict[str, Any] | None:
             f"{file} is damaged (not the JSON object a finished run writes): skipped; "
             "move it away to count the run from its metrics.jsonl"
         )
-    if not _cost_fits(data.get("cost")):
-        raise Skipped(f"{file}: its cost is damaged (a figure that is not a number): skipped")
     steps = data.get("steps")
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
-        raise Skipped(f"{file}: its steps are damaged ({steps!r}, not a count): skipped")
+    if steps is not None and not fits(steps, "count"):
+        raise Skipped(f"{file}: its steps are damaged ({shown(steps)}, not a count): skipped")
+    cost = data.get("cost")
+    if cost is not None and not isinstance(cost, dict):
+        raise Skipped(f"{file}: its cost is damaged ({shown(cost)}, not a table): skipped")
+    _check(file, "", data, _SUMMARY_FIGURES)
+    _check(file, "cost.", cost or {}, _COST_FIGURES)
+    guard = data.get("guard")
+    saved = guard.get("saved") if isinstance(guard, dict) else None
+    _check(file, "guard.saved.", saved if isinstance(saved, dict) else {}, _SAVED_FIGURES)
     return data
 
 
-_COST_FIGURES = ("seconds", "usd", "usd_per_hour", "wasted_seconds", "gpu_hours")
+# What each figure the ledger reads must be, by kind (`figures.fits`); absent or null is fine.
+_SUMMARY_FIGURES = {"wall_seconds": "seconds", "world_size": "gpus"}
+_COST_FIGURES = {
+    "seconds": "seconds", "wasted_seconds": "seconds", "usd": "dollars", "usd_per_hour": "rate",
+    "gpu_hours": "dollars", "on_demand_usd": "dollars", "redone_steps": "count", "gpus": "gpus",
+    "overhead_seconds": "seconds",
+}  # fmt: skip
+_SAVED_FIGURES = {"seconds": "seconds", "usd": "dollars", "steps_not_run": "count"}
+_RESUMED_FIGURES = {
+    "wasted_seconds": "seconds", "redone_steps": "count", "overhead_seconds": "seconds"
+}  # fmt: skip
+_STEP_FIGURES = {"step_seconds": "seconds"}
 
 
-def _cost_fits(cost: Any) -> bool:
-    if cost is None:
-        return True
-    if not isinstance(cost, dict):
-        return False
-    return all(_number(cost.get(k)) is not None for k in _COST_FIGURES if k in cost)
+def _check(file: Path, prefix: str, data: Mapping[str, Any], figures: Mapping[str, str]) -> None:
+    """`Skipped`, naming the file and the field, at the first of `figures` in `data` that is
+    not of its kind (a null is absent)."""
+    problem = damaged(data, figures)
+    if problem is not None:
+        raise Skipped(f"{file}: {prefix}{problem}: skipped")
+
+
+def _step_records(file: Path, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The step records (a loss, no event), their figures checked, and the `resumed` events'
+    too: `Skipped` naming the field at the first that is damaged."""
+    steps = []
+    for record in records:
+        is_step = "loss" in record and "event" not in record
+        if not (is_step or record.get("event") == "resumed"):
+            continue
+        what = "a step record" if is_step else "a resumed event"
+        step = record.get("step")
+        if not fits(step, "count"):
+            raise Skipped(f"{file}: {what}'s step is {shown(step)}, not {WHAT['count']}: skipped")
+        cost = record.get("cost")
+        clocks = {"elapsed_seconds": "seconds", "overhead_seconds": "seconds"}
+        problem = damaged(cost if isinstance(cost, dict) else {}, clocks)
+        if problem is not None:
+            field, rest = problem.split(" is ", 1)
+            raise Skipped(f"{file}: cost.{field} at step {step} is {rest}: skipped")
+        figures = _STEP_FIGURES if is_step else _RESUMED_FIGURES
+        _check(file, f"step {record['step']}: ", record, figures)
+        if is_step:
+            steps.append(record)
+    return steps
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
     file = path / "metrics.jsonl"
-    if not file.is_file():
+    if not regular(file):
         return []
     try:
         return read_metrics(file)
@@ -203,8 +259,8 @@ def _read_config(path: Path) -> dict[str, Any]:
     from thrifty.config import toml_loads
 
     try:
-        tables = toml_loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        tables = toml_loads(read_text(path))
+    except (OSError, ValueError, RecursionError):
         return {}
     return {name: table for name, table in tables.items() if isinstance(table, dict)}
 
@@ -277,15 +333,36 @@ def _seconds_before(timeline: tuple[tuple[int, float], ...], first_step: int) ->
     return timeline[0][1]
 
 
-def _kept_seconds(summary: Mapping[str, Any] | None, timeline: tuple[tuple[int, float], ...]) -> float:
+def _kept_seconds(
+    summary: Mapping[str, Any] | None, timeline: tuple[tuple[int, float], ...], overhead: float
+) -> float:
     """Training seconds kept in the run at its end: the summary's billed seconds less the
-    work thrown away, else the last recorded point."""
+    work thrown away and the wall time outside the training clock, else the last recorded
+    point."""
     cost = (summary or {}).get("cost")
     if isinstance(cost, dict) and _number(cost.get("seconds")) is not None:
-        return float(cost["seconds"]) - (_number(cost.get("wasted_seconds")) or 0.0)
+        wasted = _number(cost.get("wasted_seconds")) or 0.0
+        return max(0.0, float(cost["seconds"]) - wasted - overhead)
     if summary is not None and _number(summary.get("wall_seconds")) is not None:
         return float(summary["wall_seconds"])
     return timeline[-1][1] if timeline else 0.0
+
+
+def _overhead(records: list[dict[str, Any]], summary: Mapping[str, Any] | None) -> float:
+    """Every attempt's wall time outside the training clock, billed: the summary's, else the
+    largest total a record carries (thrifty.measure.cost); 0 for records written before it
+    was recorded."""
+    cost = (summary or {}).get("cost")
+    if isinstance(cost, dict) and _number(cost.get("overhead_seconds")) is not None:
+        return float(cost["overhead_seconds"])
+    found = [0.0]
+    for record in records:
+        snapshot = record.get("cost")
+        if isinstance(snapshot, dict) and _number(snapshot.get("overhead_seconds")) is not None:
+            found.append(float(snapshot["overhead_seconds"]))
+        if record.get("event") == "resumed" and _number(record.get("overhead_seconds")):
+            found.append(float(record["overhead_seconds"]))
+    return max(found)
 
 
 def _lost(records: list[dict[str, Any]], summary: Mapping[str, Any] | None) -> tuple[float, int]:
@@ -311,6 +388,7 @@ def _price(
     """The run's price and GPUs billed: the summary's cost, else what config.toml's [cost]
     gives (None without one)."""
     table = config.get("cost", {})
+    _check(path / "config.toml", "cost.", table, {"gpus": "gpus"})
     catalog = str(table.get("catalog") or ("built-in" if table.get("instance") else "given"))
     cost = (summary or {}).get("cost")
     world = int((summary or {}).get("world_size") or 1)
@@ -360,11 +438,13 @@ def _state(summary: Mapping[str, Any] | None, path: Path) -> tuple[str, str | No
 
 def lock_held(path: Path) -> bool:
     """Whether a process holds the run's lock now: a shared flock on it is refused. The file
-    is only opened for reading; nothing is written."""
+    is only opened for reading, and only when it is a regular file; nothing is written."""
     import fcntl
 
+    if not regular(path):
+        return False
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return False
     try:

@@ -97,6 +97,7 @@ def _bucket_locations(
             raise ThriftyError(str(exc)) from None
         if not under:
             ledger.skipped.append(f"{under_text(url)}: no checkpoint thrifty wrote is there")
+        ledger.skipped += [line for loc in under for line in loc.skipped]
         locations.update((loc.url, loc) for loc in under)
     ledger.locations.update(locations)
     return locations
@@ -162,6 +163,7 @@ def _paid(record: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "seconds": float(record.get("seconds") or 0.0),
         "wasted_seconds": float(record.get("wasted_seconds") or 0.0),
         "redone_steps": int(record.get("redone_steps") or 0),
+        "overhead_seconds": float(record.get("overhead_seconds") or 0.0),
         "gpus": int(record.get("gpus") or 1),
         "price": price,
     }
@@ -184,6 +186,7 @@ def _with_storage(
             return job
         if location is not None:
             ledger.locations[location.url] = location
+            ledger.skipped += location.skipped
     if location is None:
         return dataclasses.replace(job, bytes=0, storage_usd_month=0.0)
     price = catalog.storage_price(location.protocol)

@@ -45,9 +45,11 @@ class Found:
 
 
 def find(paths: Sequence[str]) -> Found:
-    """Every run under `paths` (folders, or bucket URLs kept for `bucket`). A path that does
-    not exist is a ThriftyError naming it."""
+    """Every run under `paths` (folders, or bucket URLs kept for `bucket`), each read once
+    however many links or given paths lead to it. A path that does not exist is a
+    ThriftyError naming it."""
     found = Found()
+    read: set[str] = set()  # each run folder's resolved path, once read
     for given in paths:
         if "://" in given:
             found.buckets.append(given)
@@ -58,26 +60,73 @@ def find(paths: Sequence[str]) -> Found:
         if not root.is_dir():
             raise ThriftyError(f"{given} is not a folder: {WHAT_TO_GIVE}")
         for folder, group in run_folders(root, None):
-            _read_into(found, folder, group)
+            real = os.path.realpath(folder)
+            if real not in read:
+                read.add(real)
+                _read_into(found, folder, group)
     found.tunes = find_tunes(paths)
     return found
 
 
+def is_run(folder: Path) -> bool:
+    """Whether `folder` holds a run: metrics.jsonl or summary.json is there (whatever it is:
+    a FIFO by that name makes the run one to skip with a line, not a folder to search)."""
+    return any(os.path.lexists(folder / name) for name in RUN_FILES)
+
+
 def run_folders(root: Path, group: str | None = None) -> Iterator[tuple[Path, str | None]]:
-    """Each run directory under `root` (itself included) with the sweep or tune it belongs to;
-    tunes are reported through `_tune_folders`."""
-    if any((root / name).is_file() for name in RUN_FILES):
-        yield root, group
-        return
-    for marker, kind in (("sweep.json", "sweep"), ("tune.json", "tune")):
-        if (root / marker).is_file():
-            group = f"{kind} {root.resolve().name}"
+    """Each run directory under `root` (itself included) with the sweep or tune it belongs
+    to, each once: by its resolved path. Folders are walked before links; a link is followed
+    once, and never to a folder already walked or to one holding `root` (`latest -> demo-1`,
+    `self -> .`, `a -> ..`), so every walk ends and no run is counted twice."""
+    top = os.path.realpath(root)
+    seen = {top}
+    links: list[tuple[Path, str | None]] = []
+    yield from _walk(root, group, seen, links)
+    while links:  # what links lead to, once every folder reached without one is walked
+        link, under = links.pop(0)
+        real = os.path.realpath(link)
+        if real in seen or _holds(real, top) or not os.path.isdir(real):
+            continue
+        seen.add(real)
+        yield from _walk(link, under, seen, links)
+
+
+def _walk(
+    start: Path, group: str | None, seen: set[str], links: list[tuple[Path, str | None]]
+) -> Iterator[tuple[Path, str | None]]:
+    """The run directories at or under `start` reached without following a link (depth
+    first, by name); the links met are added to `links` with their group."""
+    stack = [(start, group)]
+    while stack:
+        folder, under = stack.pop()
+        if is_run(folder):
+            yield folder, under
+            continue
+        for marker, kind in (("sweep.json", "sweep"), ("tune.json", "tune")):
+            if (folder / marker).is_file():
+                under = f"{kind} {folder.resolve().name}"
+        children = []
+        for child in _children(folder):
+            if child.is_symlink():
+                links.append((child, under))
+            elif os.path.realpath(child) not in seen:
+                seen.add(os.path.realpath(child))
+                children.append((child, under))
+        stack.extend(reversed(children))
+
+
+def _children(folder: Path) -> list[Path]:
+    """The folders in `folder` (links to folders included), by name; hidden ones left out."""
     try:
-        children = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        return sorted(p for p in folder.iterdir() if not p.name.startswith(".") and p.is_dir())
     except OSError:
-        return
-    for child in children:
-        yield from run_folders(child, group)
+        return []
+
+
+def _holds(real: str, top: str) -> bool:
+    """Whether the folder `real` is `top` or holds it (a link up the tree)."""
+    return top == real or top.startswith(real.rstrip(os.sep) + os.sep)
 
 
 def _read_into(found: Found, folder: Path, group: str | None) -> None:

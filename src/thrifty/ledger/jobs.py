@@ -149,8 +149,10 @@ def join(attempts: Sequence[Attempt]) -> list[Job]:
 
 
 def _parts(attempts: list[Attempt]) -> tuple[Part, ...]:
-    """Each attempt's own seconds. One that resumed where the earlier one had recorded its
-    step starts from that record's seconds (exact); otherwise from its own first record's."""
+    """Each attempt's own seconds: its training from where it began, the work it threw away,
+    and its wall time outside the training clock. One that resumed where the earlier one had
+    recorded its step starts from that record's seconds (exact); otherwise from its own first
+    record's."""
     ordered = sorted(attempts, key=lambda a: (a.first_step, a.ended))
     parts: list[Part] = []
     for index, attempt in enumerate(ordered):
@@ -165,7 +167,9 @@ def _parts(attempts: list[Attempt]) -> tuple[Part, ...]:
         parts.append(
             Part(
                 attempt,
-                seconds=max(0.0, attempt.seconds - start) + attempt.wasted_seconds,
+                seconds=max(0.0, attempt.seconds - start)
+                + attempt.wasted_seconds
+                + attempt.overhead_seconds,
                 wasted_seconds=attempt.wasted_seconds + lost_seconds,
                 redone_steps=attempt.redone_steps + lost_steps,
             )

@@ -22,6 +22,7 @@ takes. Both replace the bucket's whole configuration: merge other rules in befor
 from __future__ import annotations
 
 import hashlib
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -152,13 +153,17 @@ def configuration(p: Plan) -> dict[str, Any]:
 
 
 def apply_command(p: Plan, file: str) -> str:
-    """The command that applies `file` (the plan's configuration) to the bucket."""
+    """The command that applies `file` (the plan's configuration) to the bucket, each value
+    shell-quoted: a folder named with a space or `;` stays one word and runs nothing."""
     if p.protocol == "gs":
-        return f"gcloud storage buckets update gs://{p.bucket} --lifecycle-file={file}"
-    return (
-        f"aws s3api put-bucket-lifecycle-configuration --bucket {p.bucket} "
-        f"--lifecycle-configuration file://{file}"
-    )
+        words = ["gcloud", "storage", "buckets", "update", f"gs://{p.bucket}"]
+        words.append(f"--lifecycle-file={file}")
+    else:
+        words = [
+            "aws", "s3api", "put-bucket-lifecycle-configuration", "--bucket", p.bucket,
+            "--lifecycle-configuration", f"file://{file}",
+        ]  # fmt: skip
+    return shlex.join(words)
 
 
 def expires(rules: Iterable[Mapping[str, Any]], key: str) -> bool:

@@ -25,10 +25,18 @@ from typing import Any
 from thrifty.checkpoint.errors import CheckpointError
 from thrifty.checkpoint.manifest import MANIFEST
 from thrifty.checkpoint.storage import is_remote, redact, storage_error
+from thrifty.ledger.figures import damaged
+from thrifty.ledger.files import NotAFile, read_bytes
 from thrifty.redact import url_secrets
 
 LEASE = ".thrifty-lease.json"  # thrifty.run.holder.LEASE_FILE
 _STEP = re.compile(r"^step-(\d{8,})$")
+_SMALL = 1 << 20  # bytes: a manifest or a lease is a few kB; more is not one thrifty wrote
+# What each figure of a manifest's cost record must be (thrifty.ledger.figures.fits).
+RECORD_FIGURES = {
+    "seconds": "seconds", "wasted_seconds": "seconds", "redone_steps": "count", "gpus": "gpus",
+    "usd_per_hour": "rate", "on_demand_usd_per_hour": "rate",
+}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +63,7 @@ class Location:
     bytes: int
     holder: str | None = None
     other_keys: tuple[str, ...] = field(default=())
+    skipped: tuple[str, ...] = field(default=())  # one line for each record left out
 
     @property
     def protocol(self) -> str:
@@ -117,6 +126,8 @@ def _open(where: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, s
     if not is_remote(where):
         root = os.path.abspath(where)
         return _LocalFiles(), root, root
+    if where.lower().startswith("file://"):  # this machine's disk: FIFOs and devices refused
+        return _LocalFiles(), os.path.abspath(where[len("file://") :]).rstrip("/"), where.rstrip("/")
     from thrifty.checkpoint.storage import FsspecStorage
 
     storage = FsspecStorage(where, storage_options)
@@ -133,7 +144,7 @@ class _LocalFiles:
         if not os.path.isdir(root):
             raise FileNotFoundError(root)
         found = {}
-        for folder, _, files in os.walk(root):
+        for folder, _, files in os.walk(root):  # links to folders are not followed
             for name in files:
                 path = os.path.join(folder, name)
                 try:
@@ -143,8 +154,7 @@ class _LocalFiles:
         return found
 
     def cat_file(self, path: str) -> bytes:
-        with open(path, "rb") as f:
-            return f.read()
+        return read_bytes(path, _SMALL)  # a FIFO or a device is refused, never opened
 
 
 def _sizes(fs: Any, root: str, display: str, secrets: tuple[str, ...]) -> dict[str, int]:
@@ -178,33 +188,62 @@ def _location(fs: Any, root: str, display: str, base: str, objects: dict[str, in
             other.append(key)
         else:
             steps.setdefault(int(match.group(1)), []).append(key)
+    skipped: list[str] = []
     checkpoints = {
-        step: _checkpoint(fs, where, step, keys, objects) for step, keys in sorted(steps.items())
+        step: _checkpoint(fs, (where, url), step, keys, objects, skipped)
+        for step, keys in sorted(steps.items())
     }
     holder = _holder(fs, f"{where}/{LEASE}") if LEASE in objects else None
-    return Location(url, checkpoints, sum(objects.values()), holder, tuple(sorted(other)))
-
-
-def _checkpoint(fs: Any, where: str, step: int, keys: list[str], objects: dict[str, int]) -> Checkpoint:
-    folder = keys[0].split("/", 1)[0]
-    published = f"{folder}/{MANIFEST}" in objects
-    manifest = (_small_json(fs, f"{where}/{folder}/{MANIFEST}") if published else None) or {}
-    record = manifest.get("record")
-    return Checkpoint(
-        step,
-        published,
-        _created(manifest.get("created")),
-        sum(objects[k] for k in keys),
-        tuple(sorted(keys)),
-        record if isinstance(record, dict) else None,
+    return Location(
+        url, checkpoints, sum(objects.values()), holder, tuple(sorted(other)), tuple(skipped)
     )
 
 
-def _small_json(fs: Any, path: str) -> dict[str, Any] | None:
-    """A small JSON object thrifty wrote (a manifest, the lease); None when unreadable."""
+def _checkpoint(
+    fs: Any,
+    at: tuple[str, str],
+    step: int,
+    keys: list[str],
+    objects: dict[str, int],
+    skipped: list[str],
+) -> Checkpoint:
+    """The step folder `keys` make under `at` (the path to read, the URL to show); its
+    manifest's cost record is left out, with a line in `skipped`, when a figure is damaged."""
+    where, url = at
+    folder = keys[0].split("/", 1)[0]
+    published = f"{folder}/{MANIFEST}" in objects
+    shown = f"{url}/{folder}/{MANIFEST}"
+    manifest = (_small_json(fs, f"{where}/{folder}/{MANIFEST}", shown, skipped) if published else None)
+    record = (manifest or {}).get("record")
+    if record is not None and not isinstance(record, dict):
+        skipped.append(f"{shown}: record is not a table: its cost record is skipped")
+        record = None
+    problem = damaged(record, RECORD_FIGURES) if record is not None else None
+    if problem is not None:
+        skipped.append(f"{shown}: record.{problem}: its cost record is skipped")
+        record = None
+    return Checkpoint(
+        step,
+        published,
+        _created((manifest or {}).get("created")),
+        sum(objects[k] for k in keys),
+        tuple(sorted(keys)),
+        record,
+    )
+
+
+def _small_json(
+    fs: Any, path: str, shown: str | None = None, skipped: list[str] | None = None
+) -> dict[str, Any] | None:
+    """A small JSON object thrifty wrote (a manifest, the lease); None when unreadable. A
+    FIFO, device or socket by its name is never opened: a line in `skipped` says so."""
     try:
         data = json.loads(fs.cat_file(path))
-    except (OSError, ValueError, CheckpointError):
+    except NotAFile as exc:
+        if skipped is not None:
+            skipped.append(f"{shown or path}: {str(exc).split(' is ', 1)[-1]}: skipped, never opened")
+        return None
+    except (OSError, ValueError, RecursionError, CheckpointError):
         return None
     return data if isinstance(data, dict) else None
 

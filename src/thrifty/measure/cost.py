@@ -9,10 +9,23 @@ Billing follows the price's unit: a catalog instance bills whole instances (a jo
 an 8-GPU instance pays for 8; 16 GPUs of 8-GPU instances take 2), a per-GPU price bills `gpus`,
 which defaults to the job's world size (64 processes are 64 GPUs, not one).
 
-Work a preemption threw away is spend too: when a run resumes at step S after an attempt had
-reached step R > S, the seconds spent on steps S+1..R were paid for and are done again.
-`lost_work_before_resume` reads them from metrics.jsonl before the resume truncates it, and
-`CostMeter.add_wasted` bills them; the summary reports `wasted_usd` and `redone_steps`.
+What a run is billed for: the wall time of every attempt, from the start of `fit()` (opening
+the run directory, loading the checkpoint, the first evaluation) to its end (the last
+evaluation, the final checkpoint and its upload), at the price for the whole job (every GPU).
+The meter keeps it in three parts, so that each attempt and each machine can add its own:
+
+- `elapsed_seconds`: the training clock kept in the run (the checkpoint carries it across
+  restarts and machines): the steps, and the evaluations and saves between them;
+- `wasted_seconds`: training a preemption threw away (done again since): when a run resumes
+  at step S after an attempt had reached step R > S, the seconds spent on steps S+1..R;
+  `lost_work_before_resume` reads them from metrics.jsonl before the resume truncates it;
+- `overhead_seconds`: each attempt's wall time outside the training clock: set-up before the
+  first step and everything after the last (the meter measures it from when it is built, and
+  the summary from the attempt's own wall time), earlier attempts' carried by `LostWork`.
+
+Their sum is `billed_seconds`; the summary reports it (`seconds`), and `wasted_usd` and
+`redone_steps` apart. Every cost snapshot written to metrics.jsonl and every checkpoint's
+cost record carry the three parts, which is what `thrifty runs` adds up.
 
 Units: seconds, US dollars, dollars per hour for the whole job.
 """
@@ -22,8 +35,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from thrifty.config.checks import fail, is_number
@@ -39,7 +53,8 @@ class CostSnapshot:
     """Spend so far. Rates are None until there is something to divide by.
 
     `elapsed_seconds`: training seconds kept in the run; `usd` also counts `wasted_usd`, the
-    work preemptions threw away (done again since).
+    work preemptions threw away (done again since), and `overhead_seconds`, every attempt's
+    wall time outside the training clock (set-up, the evaluations and saves around the steps).
     """
 
     elapsed_seconds: float
@@ -47,6 +62,7 @@ class CostSnapshot:
     usd_per_million_tokens: float | None
     usd_per_thousand_samples: float | None
     wasted_usd: float = 0.0
+    overhead_seconds: float = 0.0
 
     def describe(self) -> str:
         """For a progress bar: "$12.34 · $0.56/M tokens" (or "/k samples" with no tokens)."""
@@ -78,8 +94,9 @@ class CostProjection:
 class CostSummary:
     """What the run cost: GPU-hours billed, dollars paid, and the on-demand equivalent.
 
-    `seconds` are all the seconds billed, `wasted_seconds` of them (`wasted_usd`) on the
-    `redone_steps` steps a preemption threw away.
+    `seconds` are all the seconds billed (the wall time of every attempt), `wasted_seconds`
+    of them (`wasted_usd`) on the `redone_steps` steps a preemption threw away and
+    `overhead_seconds` outside the training clock (set-up, and what follows the last step).
     """
 
     seconds: float
@@ -95,6 +112,7 @@ class CostSummary:
     wasted_seconds: float = 0.0
     wasted_usd: float = 0.0
     redone_steps: int = 0
+    overhead_seconds: float = 0.0
 
     def describe(self) -> str:
         text = f"{self.gpu_hours:,.2f} GPU-hours, ${self.usd:,.2f} ({self.pricing})"
@@ -149,6 +167,9 @@ class CostMeter:
         self.samples = 0
         self.wasted_seconds = 0.0  # billed on work a preemption threw away
         self.redone_steps = 0
+        self.overhead_before = 0.0  # earlier attempts' wall time outside the training clock
+        self.overhead_now = 0.0  # this attempt's, as of the last update (or its end)
+        self._attempt: tuple[float, float] | None = None  # (perf_counter, clock) at its start
 
     # --- construction ------------------------------------------------------------------------
 
@@ -237,11 +258,28 @@ class CostMeter:
     # --- metering ----------------------------------------------------------------------------
 
     def add_wasted(self, lost: LostWork) -> None:
-        """Bill the work preemptions threw away (`lost.seconds` paid, `lost.steps` redone)."""
-        if lost.seconds < 0 or lost.steps < 0:
+        """Bill what earlier attempts paid that the checkpoint's clock does not hold: the work
+        preemptions threw away (`lost.seconds` paid, `lost.steps` redone) and their wall time
+        outside the training clock; and start this attempt's wall clock, at the training
+        clock the checkpoint holds (`lost.resumed_seconds`)."""
+        if min(lost.seconds, lost.steps, lost.overhead_seconds, lost.resumed_seconds) < 0:
             raise ValueError(f"CostMeter.add_wasted needs values >= 0, got {lost}")
         self.wasted_seconds += lost.seconds
         self.redone_steps += lost.steps
+        self.overhead_before += lost.overhead_seconds
+        self._attempt = (time.perf_counter(), lost.resumed_seconds)
+
+    def begin(self, started: float) -> None:
+        """Bill this attempt from `started` (a `time.perf_counter()` reading: the start of
+        `fit()`, before the run directory is opened and the checkpoint loaded)."""
+        resumed = self._attempt[1] if self._attempt is not None else 0.0
+        self._attempt = (min(started, time.perf_counter()), resumed)
+
+    def _outside_clock(self, wall_seconds: float) -> float:
+        """This attempt's seconds outside the training clock, after `wall_seconds` of it."""
+        if self._attempt is None:
+            return 0.0
+        return max(0.0, wall_seconds - (self.elapsed_seconds - self._attempt[1]))
 
     def update(self, elapsed_seconds: float, tokens: int = 0, samples: int = 0) -> CostSnapshot:
         """Record the run's totals so far (wall seconds paid for, tokens, samples) and return
@@ -252,6 +290,8 @@ class CostMeter:
                 f"{samples} samples"
             )
         self.elapsed_seconds, self.tokens, self.samples = float(elapsed_seconds), tokens, samples
+        if self._attempt is not None:
+            self.overhead_now = self._outside_clock(time.perf_counter() - self._attempt[0])
         return self.snapshot()
 
     def snapshot(self) -> CostSnapshot:
@@ -262,12 +302,19 @@ class CostMeter:
             usd_per_million_tokens=usd / self.tokens * 1e6 if self.tokens else None,
             usd_per_thousand_samples=usd / self.samples * 1e3 if self.samples else None,
             wasted_usd=self.wasted_usd,
+            overhead_seconds=self.overhead_seconds,
         )
 
     @property
+    def overhead_seconds(self) -> float:
+        """Every attempt's wall time outside the training clock, so far."""
+        return self.overhead_before + self.overhead_now
+
+    @property
     def billed_seconds(self) -> float:
-        """Seconds paid for: training kept in the run plus work thrown away."""
-        return self.elapsed_seconds + self.wasted_seconds
+        """Seconds paid for: training kept in the run, work thrown away, and every attempt's
+        wall time outside the training clock (set-up, what follows the last step)."""
+        return self.elapsed_seconds + self.wasted_seconds + self.overhead_seconds
 
     @property
     def usd(self) -> float:
@@ -308,6 +355,7 @@ class CostMeter:
             "seconds": float(elapsed_seconds),
             "wasted_seconds": self.wasted_seconds,
             "redone_steps": self.redone_steps,
+            "overhead_seconds": self.overhead_seconds,
             "usd_per_hour": self.usd_per_hour,
             "on_demand_usd_per_hour": self.on_demand_usd_per_hour,
             "pricing": self.pricing,
@@ -315,8 +363,11 @@ class CostMeter:
             "gpus": self.gpus,
         }
 
-    def summary(self) -> CostSummary:
-        """GPU-hours billed, dollars paid and what on-demand would have cost."""
+    def summary(self, wall_seconds: float | None = None) -> CostSummary:
+        """GPU-hours billed, dollars paid and what on-demand would have cost; `wall_seconds`:
+        this attempt's wall time to its end (from the start of `fit()`), billed whole."""
+        if wall_seconds is not None and self._attempt is not None:
+            self.overhead_now = self._outside_clock(wall_seconds)
         hours = self.billed_seconds / 3600
         snap = self.snapshot()
         return CostSummary(
@@ -335,6 +386,7 @@ class CostMeter:
             wasted_seconds=self.wasted_seconds,
             wasted_usd=self.wasted_usd,
             redone_steps=self.redone_steps,
+            overhead_seconds=self.overhead_seconds,
         )
 
 
@@ -343,24 +395,40 @@ class CostMeter:
 
 @dataclass(frozen=True, slots=True)
 class LostWork:
-    """Work paid for and thrown away: `seconds` of training, `steps` optimizer steps redone."""
+    """What earlier attempts paid that a checkpoint's training clock does not hold: work
+    thrown away (`seconds` of training, `steps` optimizer steps redone) and their wall time
+    outside the training clock (`overhead_seconds`: set-up, what followed the last step);
+    `resumed_seconds` is the training clock the checkpoint resumed from holds."""
 
     seconds: float = 0.0
     steps: int = 0
+    overhead_seconds: float = 0.0
+    resumed_seconds: float = field(default=0.0, compare=False)  # where, not what was paid
 
     def __add__(self, other: LostWork) -> LostWork:
-        return LostWork(self.seconds + other.seconds, self.steps + other.steps)
+        return LostWork(
+            self.seconds + other.seconds,
+            self.steps + other.steps,
+            self.overhead_seconds + other.overhead_seconds,
+            other.resumed_seconds or self.resumed_seconds,
+        )
 
     def to_record(self) -> dict[str, Any]:
         """The run's totals so far, for the "resumed" event in metrics.jsonl (which is where
         the next resume finds them); nothing while nothing was lost."""
-        if not (self.seconds or self.steps):
-            return {}
-        return {"wasted_seconds": self.seconds, "redone_steps": self.steps}
+        record: dict[str, Any] = {}
+        if self.seconds or self.steps:
+            record |= {"wasted_seconds": self.seconds, "redone_steps": self.steps}
+        if self.overhead_seconds:
+            record["overhead_seconds"] = self.overhead_seconds
+        return record
 
 
 def lost_work(
-    records: Iterable[Mapping[str, Any]], step: int, seconds: float | None = None
+    records: Iterable[Mapping[str, Any]],
+    step: int,
+    seconds: float | None = None,
+    finished: Mapping[str, Any] | None = None,
 ) -> LostWork:
     """What resuming at `step` throws away, from metrics records, totals of earlier resumes
     included.
@@ -370,13 +438,17 @@ def lost_work(
     records past `step` give this resume's loss: the sum of their `step_seconds`, or the last
     cost snapshot's `elapsed_seconds` minus `seconds` when that is more (it also counts
     evaluation and saves); both miss the seconds after the last record, so take the larger.
-    The last "resumed" event's totals carry what earlier resumes threw away.
+    The last "resumed" event's totals carry what earlier resumes threw away. The earlier
+    attempts' wall time outside the training clock is the largest `overhead_seconds` a record
+    carries (each is the run's total so far), or the cost a finished attempt's summary.json
+    holds (`finished`: `finished_cost`), which counts its time after its last record too.
     """
     before = LostWork()
-    step_seconds, last_step, elapsed = 0.0, step, None
+    step_seconds, last_step, elapsed, overhead = 0.0, step, None, 0.0
     for record in records:
         if record.get("event") == "resumed" and "wasted_seconds" in record:
             before = LostWork(record["wasted_seconds"], record.get("redone_steps", 0))
+        overhead = max(overhead, _overhead(record))
         at = record.get("step", 0)
         if not isinstance(at, int) or at <= step:
             continue
@@ -389,7 +461,35 @@ def lost_work(
     lost = step_seconds
     if elapsed is not None and seconds is not None:
         lost = max(lost, elapsed - seconds)
-    return before + LostWork(lost, last_step - step)
+    overhead = max(overhead, _overhead({"cost": finished}))
+    return before + LostWork(lost, last_step - step, overhead, float(seconds or 0.0))
+
+
+def _overhead(record: Mapping[str, Any]) -> float:
+    """The run's wall time outside the training clock as `record` carries it (0: none)."""
+    cost = record.get("cost")
+    found = cost.get("overhead_seconds") if isinstance(cost, Mapping) else None
+    if found is None and record.get("event") == "resumed":
+        found = record.get("overhead_seconds")
+    if isinstance(found, bool) or not isinstance(found, int | float) or not math.isfinite(found):
+        return 0.0
+    return max(0.0, float(found))
+
+
+def finished_cost(run_dir: str | os.PathLike[str]) -> Mapping[str, Any] | None:
+    """The cost a finished attempt's summary.json in `run_dir` holds (None: none, or not a
+    regular file, or damaged): read before a run extended again replaces it."""
+    import stat
+
+    path = os.path.join(run_dir, "summary.json")
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None  # a FIFO or a device is never opened
+        with open(path, encoding="utf-8") as f:
+            cost = json.load(f).get("cost")
+    except (OSError, ValueError, RecursionError, AttributeError):
+        return None
+    return cost if isinstance(cost, Mapping) else None
 
 
 def lost_work_before_resume(

@@ -5,11 +5,15 @@ fitted constants with their intervals, every bootstrap resample's constants (so 
 prediction for any budget has its interval), the number of runs and their ranges (so that a
 prediction states its reach), the paths the runs were read from, the objective reached and
 approach 2's result. Writing replaces only a file that is itself a saved fit.
+
+Reading it is bounded as the runs are (lawpoints): a regular file of at most MAX_FIT_BYTES,
+JSON nested at most MAX_JSON_DEPTH deep, at most MAX_RESAMPLES resamples, and every constant,
+the fitted one and each resample's, within CONSTANT_RANGES: a file edited by hand or by
+another program gets one line naming the field and the range, never a traceback later.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -18,13 +22,21 @@ from thrifty.errors import ConfigError
 from thrifty.plan.chinchilla import LossFit
 from thrifty.plan.lawfit import Ranges, ScalingFit, fit_as_dict
 from thrifty.plan.lawgroups import IsoFlop, IsoFlopGroup
-from thrifty.plan.lawpoints import CONSTANTS
+from thrifty.plan.lawpoints import CONSTANTS, MAX_POINTS, read_json, shown
 from thrifty.records.directory import write_json
 
 FORMAT = "thrifty scaling-law fit"
 VERSION = 1
 FIT_FILE = "scaling-fit.json"  # what `--fit DIR` looks for in DIR
 HOW = "write one with 'thrifty plan fit RUNS... --out FIT.json'"
+MAX_FIT_BYTES = 64 * 2**20  # 100,000 resamples take about 12 MiB
+MAX_RESAMPLES = 100_000  # thrifty.plan.lawfit.MAX_RESAMPLES
+WHAT = "a saved scaling-law fit (thrifty plan fit --out FIT.json)"
+# E, A and B in (0, 1e100]; an exponent 0 or below (a law without an optimum, down to -5), or
+# from 1e-3 to 5: smaller and positive, N* = G * (C/6)^(beta/(alpha+beta)) underflows to 0.
+SCALE_RANGE = (0.0, 1e100)
+EXPONENT_RANGE = (-5.0, 5.0)
+SMALLEST_EXPONENT = 1e-3
 
 
 def check_out(path: str) -> Path:
@@ -53,20 +65,15 @@ def save_fit(fit: ScalingFit, path: str) -> Path:
 
 def _is_saved_fit(path: Path) -> bool:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        data = read_json(path, MAX_FIT_BYTES, WHAT)
+    except ConfigError:  # not a regular file, too large, too deep or not JSON
         return False
     return isinstance(data, dict) and data.get("format") == FORMAT
 
 
 def load_fit(path: str) -> ScalingFit:
     """The fit saved at `path`, checked field by field; each problem is one line naming it."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read the saved fit {path}: {exc.strerror}") from None
-    except (UnicodeDecodeError, ValueError):
-        raise ConfigError(f"{path} is not JSON, so not a saved scaling-law fit; {HOW}") from None
+    data = read_json(Path(path), MAX_FIT_BYTES, WHAT)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ConfigError(f"{path} is not a saved scaling-law fit (no format {FORMAT!r}); {HOW}")
     version = data.get("version")
@@ -76,9 +83,7 @@ def load_fit(path: str) -> ScalingFit:
             "upgrade thrifty or fit again"
         )
     reader = _Reader(path, data)
-    e, a, b, alpha, beta = (
-        reader.number(f"constants.{n}", positive=n in ("E", "A", "B")) for n in CONSTANTS
-    )
+    e, a, b, alpha, beta = (reader.constant(f"constants.{n}") for n in CONSTANTS)
     samples = reader.samples()
     ranges = Ranges(
         **{k: reader.span(f"points.{k}") for k in ("params", "tokens", "flops", "loss")}
@@ -88,12 +93,13 @@ def load_fit(path: str) -> ScalingFit:
         samples=samples,
         confidence=reader.number("confidence", below=1.0),
         seed=int(reader.number("bootstrap.seed", positive=False)),
-        points=int(reader.number("points.count")),
+        points=int(reader.number("points.count", below=MAX_POINTS + 1)),
         ranges=ranges,
         sources=[str(s) for s in reader.get("sources", list)],
         objective=reader.number("objective", positive=False),
         isoflop=reader.isoflop(),
         notes=[str(n) for n in reader.get("notes", list)],
+        robust=data.get("robust") is True,
     )
 
 
@@ -114,36 +120,68 @@ class _Reader:
         return value
 
     def number(self, dotted: str, *, positive: bool = True, below: float = math.inf) -> float:
-        value = float(self.get(dotted, (int, float), "number"))
+        value = _float(self.get(dotted, (int, float), "number"))
         if not math.isfinite(value) or (positive and value <= 0) or value >= below:
             rule = "a finite number" + (" > 0" if positive else "")
             rule += f" < {below:g}" if math.isfinite(below) else ""
-            raise ConfigError(f"{self.path}: {dotted} must be {rule}, got {value!r}")
+            raise ConfigError(f"{self.path}: {dotted} must be {rule}, got {shown(value)}")
         return value
 
     def span(self, dotted: str) -> tuple[float, float]:
         value = self.get(dotted, list)
         if len(value) != 2 or not all(_positive(v) for v in value) or value[0] > value[1]:
             raise ConfigError(
-                f"{self.path}: {dotted} must be [smallest, largest] > 0, got {value!r}"
+                f"{self.path}: {dotted} must be [smallest, largest] > 0, got {shown(value)}"
             )
         return float(value[0]), float(value[1])
 
+    def constant(self, dotted: str, value: Any = None) -> float:
+        """A constant of the law (`dotted` names it: constants.E, bootstrap.samples[3].alpha)
+        within its range (SCALE_RANGE, EXPONENT_RANGE), or one line naming it and the range."""
+        value = self.get(dotted, (int, float), "number") if value is None else value
+        name = dotted.rsplit(".", 1)[-1]
+        number = _float(value)
+        if name in ("alpha", "beta"):
+            low, high = EXPONENT_RANGE
+            good = low <= number <= 0 or SMALLEST_EXPONENT <= number <= high
+            rule = f"from {SMALLEST_EXPONENT:g} to {high:g}, or from {low:g} to 0 (no optimum)"
+        else:
+            low, high = SCALE_RANGE
+            good = low < number <= high
+            rule = f"> 0, at most {high:g}"
+        if not good:
+            raise ConfigError(
+                f"{self.path}: {dotted} must be a finite number > 0, got {shown(value)}; the "
+                f"range allowed: {rule}"
+                if name not in ("alpha", "beta")
+                else f"{self.path}: {dotted} must be a finite number {rule}, got {shown(value)}"
+            )
+        return number
+
     def samples(self) -> list[tuple[float, float, float, float, float]]:
         rows = self.get("bootstrap.samples", list)
-        good = [
-            r
-            for r in rows
-            if isinstance(r, list)
-            and len(r) == len(CONSTANTS)
-            and all(isinstance(v, int | float) and math.isfinite(v) for v in r)
-        ]
-        if not rows or len(good) != len(rows):
+        if not rows or len(rows) > MAX_RESAMPLES:
             raise ConfigError(
-                f"{self.path}: bootstrap.samples must be a list of [E, A, B, alpha, beta] numbers; "
-                f"{len(rows) - len(good)} of {len(rows)} are not; {HOW}"
+                f"{self.path}: bootstrap.samples must hold 1 to {MAX_RESAMPLES:,} resamples, got "
+                f"{len(rows):,}; {HOW}"
             )
-        return [(float(a), float(b), float(c), float(d), float(e)) for a, b, c, d, e in good]
+        samples = []
+        for i, row in enumerate(rows):
+            if (
+                not isinstance(row, list)
+                or len(row) != len(CONSTANTS)
+                or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in row)
+            ):
+                raise ConfigError(
+                    f"{self.path}: bootstrap.samples[{i}] must be [E, A, B, alpha, beta] "
+                    f"numbers, got {str(row)[:60]}; {HOW}"
+                )
+            e, a, b, alpha, beta = (
+                self.constant(f"bootstrap.samples[{i}].{n}", v)
+                for n, v in zip(CONSTANTS, row, strict=True)
+            )
+            samples.append((e, a, b, alpha, beta))
+        return samples
 
     def isoflop(self) -> IsoFlop | None:
         value = self.data.get("approach2")
@@ -156,5 +194,17 @@ class _Reader:
             raise ConfigError(f"{self.path}: approach2 is malformed; {HOW}") from None
 
 
+def _float(value: Any) -> float:
+    """A JSON number as a float; NaN for an integer too large for one (refused by the range)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.nan
+
+
 def _positive(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and 0 < _float(value) < math.inf
+    )

@@ -19,15 +19,34 @@ BOOTSTRAP_STARTS grid starts that ended lowest, and its lowest minimum is refine
 interval of a constant, or of anything computed from them (lawpredict), is the central
 `confidence` share of its values over the resamples.
 
+Cost. Both stages grow with runs x starts: on more than SCREEN_ROWS runs the grid is screened
+on SCREEN_ROWS of them (an even spread of the runs ordered by compute, the same every time) and
+the refinement uses every run; and each resample refines from the best fit alone, since with
+that many runs a resample's minimum lies next to the whole fit's. The bootstrap runs in chunks
+of CHUNK resamples, a progress line after each tenth of them.
+
+Robust fit (`robust=True`). After the fit, the runs whose residual (predicted - observed ln L)
+lies more than ROBUST_CUT scaled MADs (1.4826 x the median absolute deviation) from the median
+residual (and more than HUBER_DELTA, 0.1%, from it) are left out and the law is fitted again on
+the rest (refined from the fit), before the bootstrap; the runs left out are named in a note.
+
+Influence. The runs that drive the fit are found by leaving each one out and fitting again
+from the fit (one batched L-BFGS, all left-out fits at once): the INFLUENTIAL runs whose
+absence moves the exponent a (N* ~ C^a) most are kept with the change of beta and of a. On
+more than INFLUENCE_CANDIDATES runs, the candidates are those with the largest residuals and
+the furthest from the centre of (ln N, ln D).
+
 torch (float64, autograd) is imported when a fit runs: importing thrifty.plan stays torch-free.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,8 +62,15 @@ GRID_EXPONENTS = (0.0, 0.5, 1.0, 1.5, 2.0)  # alpha and beta
 GRID_E = (-1.0, -0.5, 0.0, 0.5, 1.0)  # ln E
 GRID_AB = (0.0, 5.0, 10.0, 15.0, 20.0, 25.0)  # ln A and ln B
 HUBER_DELTA = 1e-3
-DEFAULT_RESAMPLES = 200
+DEFAULT_RESAMPLES = 1000  # tails within 5% of another run's on published data: docs/planner.md
 MIN_RESAMPLES = 20
+MAX_RESAMPLES = 100_000  # thrifty.plan.lawfile.MAX_RESAMPLES
+SCREEN_ROWS = 256  # more runs: the grid is screened on this many of them
+CHUNK = 50  # resamples screened together
+ROBUST_CUT = 3.0  # scaled MADs from the median residual
+MAD_SCALE = 1.4826  # a normal's standard deviation per median absolute deviation
+INFLUENTIAL = 5
+INFLUENCE_CANDIDATES = 64
 CONFIDENCE = 0.95
 SCREEN_STEPS = 50
 REFINE_STEPS = 500
@@ -58,6 +84,21 @@ METHOD = (
 )
 
 Constants = tuple[float, float, float, float, float]  # E, A, B, alpha, beta
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Influence:
+    """A run that drives the fit: left out, beta becomes `beta` and a (N* ~ C^a) `exponent`;
+    `residual` is its predicted - observed ln L under the fit."""
+
+    source: str
+    residual: float
+    beta: float
+    exponent: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("source", "residual", "beta", "exponent")}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,6 +139,8 @@ class ScalingFit:
     objective: float
     isoflop: IsoFlop | None = None
     notes: list[str] = field(default_factory=list)
+    influence: list[Influence] = field(default_factory=list)
+    robust: bool = False
 
     @property
     def exponent(self) -> float:
@@ -140,23 +183,37 @@ def fit_scaling_law(
     confidence: float = CONFIDENCE,
     sources: Sequence[str] = (),
     notes: Sequence[str] = (),
+    robust: bool = False,
+    progress: Progress | None = None,
 ) -> ScalingFit:
     """Fit E, A, B, alpha, beta to `points` with `resamples` bootstrap resamples drawn with
-    `seed`; `sources` (the paths read) and `notes` are kept with the fit."""
+    `seed`; `sources` (the paths read) and `notes` are kept with the fit. `robust` leaves out
+    the runs with extreme residuals and fits again (module docstring); `progress` receives a
+    line at each stage and each tenth of the bootstrap."""
     check_points(points)
-    if not MIN_RESAMPLES <= resamples:
+    if not MIN_RESAMPLES <= resamples <= MAX_RESAMPLES:
         raise ConfigError(
             f"bootstrap must be at least {MIN_RESAMPLES} resamples for a {confidence:.0%} "
-            f"interval, got {resamples} (default {DEFAULT_RESAMPLES})"
+            f"interval and at most {MAX_RESAMPLES:,} (its cost grows with runs x resamples), got "
+            f"{resamples:,} (default {DEFAULT_RESAMPLES})"
         )
     if not 0 < confidence < 1:
         raise ConfigError(f"confidence must be a fraction in (0, 1), got {confidence!r}")
     if not 0 <= seed < 2**63:
         raise ConfigError(f"seed must be a whole number from 0 to 2**63 - 1, got {seed}")
+    tell = progress or (lambda _line: None)
+    notes = list(notes)
     with _one_thread():
         descent = _Descent(points)
+        screened = f" (the grid screened on {SCREEN_ROWS})" if len(points) > SCREEN_ROWS else ""
+        tell(f"fitting {len(points):,} runs from {GRID_STARTS:,} starts{screened}")
         best, objective, starts = descent.fit()
-        samples = descent.bootstrap(best, starts, resamples, seed)
+        if robust:
+            points, descent, best, objective, note = _trimmed(points, descent, best)
+            notes.append(note)
+        tell(f"bootstrap: {resamples:,} resamples of {len(points):,} runs")
+        samples = descent.bootstrap(best, starts, resamples, seed, tell)
+        influence = descent.influence(best, [p.source for p in points])
     iso = isoflop_fit(points)
     return ScalingFit(
         law=LossFit(*descent.constants(best), source="fitted now"),
@@ -168,8 +225,36 @@ def fit_scaling_law(
         sources=list(sources),
         objective=objective,
         isoflop=iso,
-        notes=list(notes),
+        notes=notes,
+        influence=influence,
+        robust=robust,
     )
+
+
+def _trimmed(
+    points: Sequence[Point], descent: _Descent, best: torch.Tensor
+) -> tuple[list[Point], _Descent, torch.Tensor, float, str]:
+    """The runs kept by the robust rule, their descent, the fit refined on them from `best`,
+    its objective and a note naming the runs left out."""
+    residuals = descent.residuals(best)
+    middle = sorted(residuals)[len(residuals) // 2]
+    spread = MAD_SCALE * sorted(abs(r - middle) for r in residuals)[len(residuals) // 2]
+    cut = max(ROBUST_CUT * spread, HUBER_DELTA)  # runs that agree to 0.1% are never outliers
+    out = [i for i, r in enumerate(residuals) if abs(r - middle) > cut]
+    rule = (
+        f"robust: runs whose residual in ln L lies over {ROBUST_CUT:g} scaled MADs "
+        f"({cut:.3g}) from the median ({middle:+.3g}) are left out"
+    )
+    if not out:
+        return list(points), descent, best, descent.objective(best), f"{rule}: none is"
+    kept = [p for i, p in enumerate(points) if i not in set(out)]
+    check_points(kept, what="the runs the robust rule keeps")
+    refitted = _Descent(kept)
+    start = refitted.theta(descent.constants(best))
+    theta, value = refitted.descend(start, refitted.ones(), REFINE_STEPS)
+    named = ", ".join(points[i].source for i in out[:5]) + (", ..." if len(out) > 5 else "")
+    note = f"{rule}: {len(out)} of {len(points)} ({named}); fitted again on the rest"
+    return kept, refitted, theta, float(value[0]) * HUBER_DELTA, note
 
 
 @contextlib.contextmanager
@@ -217,6 +302,7 @@ class _Descent:
         f64 = torch.float64
         self.params = [p.params for p in points]
         self.tokens = [p.tokens for p in points]
+        self.flops = [p.flops for p in points]
         x = torch.tensor([math.log(v) for v in self.params], dtype=f64)
         y = torch.tensor([math.log(v) for v in self.tokens], dtype=f64)
         self.z = torch.tensor([math.log(p.loss) for p in points], dtype=f64)
@@ -277,52 +363,177 @@ class _Descent:
         ]
         return torch.tensor(rows, dtype=torch.float64)
 
+    def ones(self, rows: int = 1) -> torch.Tensor:
+        import torch
+
+        return torch.ones(rows, self.xc.shape[0], dtype=torch.float64)
+
+    def screened_rows(self) -> _Descent:
+        """This descent on SCREEN_ROWS runs spread evenly over the runs ordered by compute
+        (itself when there are no more), in the same centring: the grid's screen costs starts
+        x these runs."""
+        n = self.xc.shape[0]
+        if n <= SCREEN_ROWS:
+            return self
+        order = sorted(range(n), key=lambda i: self.flops[i])
+        picked = [order[round(k * (n - 1) / (SCREEN_ROWS - 1))] for k in range(SCREEN_ROWS)]
+        part = copy.copy(self)
+        part.xc, part.yc, part.z = self.xc[picked], self.yc[picked], self.z[picked]
+        return part
+
     def fit(self) -> tuple[torch.Tensor, float, torch.Tensor]:
         """The lowest minimum from the grid (one row), its objective (the sum of Huber losses,
         not divided by delta) and the BOOTSTRAP_STARTS grid starts whose descents ended lowest."""
         import torch
 
         grid = self.grid()
-        weights = torch.ones(1, self.xc.shape[0], dtype=torch.float64)
-        screened, values = self.descend(grid, weights.expand(len(grid), -1), SCREEN_STEPS)
+        rows = self.screened_rows()
+        screened, values = rows.descend(grid, rows.ones().expand(len(grid), -1), SCREEN_STEPS)
         order = torch.argsort(values)
         best, lowest = grid[:1], math.inf
         for row in order[:REFINED].tolist():
-            theta, value = self.descend(screened[row : row + 1], weights, REFINE_STEPS)
+            theta, value = self.descend(screened[row : row + 1], self.ones(), REFINE_STEPS)
             if float(value[0]) < lowest:
                 best, lowest = theta, float(value[0])
         if not math.isfinite(lowest):
             raise ConfigError("the fit did not converge from any start: check the runs' losses")
         return best, lowest * HUBER_DELTA, grid[order[:BOOTSTRAP_STARTS]]
 
-    def bootstrap(
-        self, best: torch.Tensor, starts: torch.Tensor, resamples: int, seed: int
-    ) -> list[Constants]:
-        """The constants fitted to each of `resamples` resamples of the runs."""
+    def objective(self, theta: torch.Tensor) -> float:
+        """The sum of Huber losses at `theta` over every run."""
         import torch
 
-        weights = self.resample_weights(resamples, seed)
-        k = len(starts)
-        rows = starts.repeat(resamples, 1)  # resample r's starts are rows r*k ... r*k + k-1
-        screened, values = self.descend(rows, weights.repeat_interleave(k, 0), SCREEN_STEPS)
-        at_best = self.losses(best.expand(resamples, -1), weights)
-        samples = []
-        for r in range(resamples):
-            row = r * k + int(torch.argmin(values[r * k : (r + 1) * k]))
-            start = best if float(at_best[r]) <= float(values[row]) else screened[row : row + 1]
-            theta, _ = self.descend(start, weights[r : r + 1], REFINE_STEPS)
-            samples.append(self.constants(theta))
+        with torch.no_grad():
+            return float(self.losses(theta, self.ones())[0]) * HUBER_DELTA
+
+    def residuals(self, theta: torch.Tensor) -> list[float]:
+        """Predicted - observed ln L of each run under `theta`."""
+        import torch
+
+        a, b, e, alpha, beta = (float(v) for v in theta.reshape(-1))
+        with torch.no_grad():
+            predicted = torch.logaddexp(
+                torch.logaddexp(a - alpha * self.xc, b - beta * self.yc), torch.tensor(e)
+            )
+            return (predicted - self.z).tolist()
+
+    def theta(self, constants: Constants) -> torch.Tensor:
+        """The row (a', b', e, alpha, beta) of `constants` in this descent's centring."""
+        import torch
+
+        e, a, b, alpha, beta = constants
+        row = [math.log(a) - alpha * self.x0, math.log(b) - beta * self.y0, math.log(e)]
+        return torch.tensor([[*row, alpha, beta]], dtype=torch.float64)
+
+    def bootstrap(
+        self,
+        best: torch.Tensor,
+        starts: torch.Tensor,
+        resamples: int,
+        seed: int,
+        tell: Progress = lambda _line: None,
+    ) -> list[Constants]:
+        """The constants fitted to each of `resamples` resamples of the runs, in chunks of
+        CHUNK; a line to `tell` after each tenth of them."""
+        samples: list[Constants] = []
+        began, step = time.monotonic(), max(1, resamples // 10)
+        for chunk in self.resample_weights(resamples, seed):
+            for r, start in enumerate(self.chunk_starts(best, starts, chunk)):
+                theta, _ = self.descend(start, chunk[r : r + 1], REFINE_STEPS)
+                samples.append(self.constants(theta))
+                done = len(samples)
+                if done % step == 0 or done == resamples:
+                    spent = time.monotonic() - began
+                    left = spent / done * (resamples - done)
+                    tell(
+                        f"bootstrap: {done:,}/{resamples:,} resamples ({spent:.0f} s, about "
+                        f"{left:.0f} s left)"
+                    )
         return samples
 
-    def resample_weights(self, resamples: int, seed: int) -> torch.Tensor:
-        """How many times each run is drawn, per resample: a (resamples, runs) tensor. A draw
-        with one size or one length only is drawn again (alpha or beta would be arbitrary)."""
+    def chunk_starts(
+        self, best: torch.Tensor, starts: torch.Tensor, weights: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """Where each resample of `weights` is refined from: the best fit, or the lowest of
+        the `starts` screened together, whichever is lower; on more than SCREEN_ROWS runs the
+        best fit alone (a resample's minimum lies next to it)."""
+        import torch
+
+        count = len(weights)
+        if self.xc.shape[0] > SCREEN_ROWS:
+            return [best] * count
+        k = len(starts)
+        rows = starts.repeat(count, 1)  # resample r's starts are rows r*k ... r*k + k-1
+        screened, values = self.descend(rows, weights.repeat_interleave(k, 0), SCREEN_STEPS)
+        with torch.no_grad():
+            at_best = self.losses(best.expand(count, -1), weights)
+        chosen = []
+        for r in range(count):
+            row = r * k + int(torch.argmin(values[r * k : (r + 1) * k]))
+            lower = float(at_best[r]) <= float(values[row])
+            chosen.append(best if lower else screened[row : row + 1])
+        return chosen
+
+    def influence(self, best: torch.Tensor, sources: Sequence[str]) -> list[Influence]:
+        """The INFLUENTIAL runs whose absence moves the exponent a most, each left out in turn
+        and the law refitted from `best` (all at once, one batched L-BFGS)."""
+        import torch
+
+        residuals = self.residuals(best)
+        candidates = self.influence_candidates(residuals)
+        weights = self.ones(len(candidates))
+        weights[range(len(candidates)), candidates] = 0.0
+        theta, _ = self.descend(best.expand(len(candidates), -1), weights, REFINE_STEPS)
+        exponent = _exponent(float(best[0, 3]), float(best[0, 4]))
+        found = [
+            Influence(
+                source=sources[i],
+                residual=residuals[i],
+                beta=float(row[4]),
+                exponent=_exponent(float(row[3]), float(row[4])),
+            )
+            for i, row in zip(candidates, theta.detach(), strict=True)
+            if bool(torch.isfinite(row).all())
+        ]
+        found.sort(key=lambda f: -abs(f.exponent - exponent) if math.isfinite(f.exponent) else 0)
+        return found[:INFLUENTIAL]
+
+    def influence_candidates(self, residuals: list[float]) -> list[int]:
+        """Every run, or on more than INFLUENCE_CANDIDATES: three quarters of them the largest
+        residuals, the rest the furthest from the centre of (ln N, ln D)."""
+        n = len(residuals)
+        if n <= INFLUENCE_CANDIDATES:
+            return list(range(n))
+        by_residual = sorted(range(n), key=lambda i: -abs(residuals[i]))
+        sx, sy = float(self.xc.std()) or 1.0, float(self.yc.std()) or 1.0
+        reach = [
+            float(x / sx) ** 2 + float(y / sy) ** 2 for x, y in zip(self.xc, self.yc, strict=True)
+        ]
+        by_reach = sorted(range(n), key=lambda i: -reach[i])
+        chosen = by_residual[: INFLUENCE_CANDIDATES * 3 // 4]
+        for i in by_reach:
+            if len(chosen) == INFLUENCE_CANDIDATES:
+                break
+            if i not in chosen:
+                chosen.append(i)
+        return chosen
+
+    def resample_weights(self, resamples: int, seed: int) -> Iterator[torch.Tensor]:
+        """How many times each run is drawn, per resample: (at most CHUNK, runs) tensors, one
+        chunk at a time (100,000 resamples of 20,000 runs would be 16 GB at once). A draw with
+        one size or one length only is drawn again (alpha or beta would be arbitrary)."""
         import torch
 
         n = len(self.params)
         generator = torch.Generator().manual_seed(seed)
         rows: list[torch.Tensor] = []
-        for _ in range(1000 * resamples):
+        given, tries = 0, 0
+        while given < resamples:
+            if tries == 1000 * resamples:
+                raise ConfigError(
+                    "the bootstrap could not draw resamples with two sizes and two lengths"
+                )
+            tries += 1
             drawn = torch.randint(0, n, (n,), generator=generator)
             picked = drawn.tolist()
             if (
@@ -330,9 +541,10 @@ class _Descent:
                 and len({self.tokens[i] for i in picked}) > 1
             ):
                 rows.append(torch.bincount(drawn, minlength=n))
-                if len(rows) == resamples:
-                    return torch.stack(rows).to(torch.float64)
-        raise ConfigError("the bootstrap could not draw resamples with two sizes and two lengths")
+                given += 1
+                if len(rows) == CHUNK or given == resamples:
+                    yield torch.stack(rows).to(torch.float64)
+                    rows = []
 
     def constants(self, theta: torch.Tensor) -> Constants:
         a, b, e, alpha, beta = (float(v) for v in theta.reshape(-1))
@@ -343,6 +555,11 @@ class _Descent:
             alpha,
             beta,
         )
+
+
+def _exponent(alpha: float, beta: float) -> float:
+    """a in N* ~ C^a: beta / (alpha + beta); NaN without an optimum."""
+    return beta / (alpha + beta) if alpha + beta > 0 else math.nan
 
 
 def fit_as_dict(fit: ScalingFit) -> dict[str, Any]:
@@ -374,4 +591,6 @@ def fit_as_dict(fit: ScalingFit) -> dict[str, Any]:
         "approach2": None if fit.isoflop is None else fit.isoflop.as_dict(),
         "approaches_agree": fit.agreement(),
         "notes": fit.notes,
+        "robust": fit.robust,
+        "influence": [i.as_dict() for i in fit.influence],
     }

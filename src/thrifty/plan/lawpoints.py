@@ -8,6 +8,11 @@ holds summary.json (`parameters`, `tokens`, `final_val_loss`), a sweep's runs li
 Runs a sweep's pruner, early stopping or the forecast stopped (and diverged runs) are left out
 with a note: their loss was read before the end of their learning-rate schedule, which would
 bias the fit. Every other problem is bad input, raised as one line naming the file or run.
+
+Every file read is bounded before it is opened: a regular file (a FIFO, a device or a socket
+is refused, never opened, so nothing can block the read), of at most MAX_CSV_BYTES (a CSV) or
+MAX_JSON_BYTES (a summary.json), a CSV cell of at most MAX_CELL characters, JSON nested at
+most MAX_JSON_DEPTH deep, at most MAX_POINTS points, and each number within RANGES.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import re
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +36,15 @@ CSV_COLUMNS = ("params", "tokens", "loss")
 SUMMARY = "summary.json"
 SEARCH_DEPTH = 3  # a folder of sweeps: FOLDER/SWEEP/trials/NNNN/summary.json
 CONSTANTS = ("E", "A", "B", "alpha", "beta")
+MAX_CSV_BYTES = 64 * 2**20
+MAX_JSON_BYTES = 16 * 2**20  # a run's summary.json is a few kB
+MAX_CELL = 128 * 2**10  # characters; csv's own field limit, now named in the refusal
+MAX_JSON_DEPTH = 64  # thrifty's own files nest 4 deep
+MAX_POINTS = 1_000_000  # the fit costs about rows x resamples (docs/scale.md)
+# What each number may be: a model of 1 to 10^15 parameters, trained on 1 to 10^17 tokens, to a
+# loss in nats per token above 0 and at most 1000 (a uniform guess over e^1000 tokens).
+RANGES = {"params": (1.0, 1e15), "tokens": (1.0, 1e17), "loss": (0.0, 1e3)}
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,25 +83,36 @@ def read_points(paths: Sequence[str]) -> Points:
         path = Path(text)
         if not path.exists():
             raise ConfigError(f"no such file or folder: {text}")
+        if not path.is_dir():
+            regular_size(path, "a CSV file of params,tokens,loss or a folder of runs")
         if path.is_dir():
             points += _read_runs(path, notes)
         elif path.name == SUMMARY:
             points += _read_runs(path.parent, notes)
         else:
             points += read_csv(path)
+    if len(points) > MAX_POINTS:
+        raise ConfigError(
+            f"{', '.join(paths)}: {len(points):,} points; the most a fit takes is {MAX_POINTS:,} "
+            "(its cost grows with rows x resamples): fit a sample of the runs"
+        )
     check_points(points, what=", ".join(paths))
     return Points(points=points, sources=list(paths), notes=notes)
 
 
 def read_csv(path: Path) -> list[Point]:
     """The points of a CSV file whose header names `params`, `tokens` and `loss`."""
+    text = read_text(path, MAX_CSV_BYTES, "a CSV file of params,tokens,loss")
+    reader = csv.reader(text.splitlines(), strict=False)
+    rows: list[list[str]] = []
     try:
-        # utf-8-sig: a spreadsheet's "CSV UTF-8" opens with a byte-order mark
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            rows = list(csv.reader(f))
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise ConfigError(f"{path}: cannot read it as a CSV file: {why}") from None
+        for row in reader:
+            rows.append(row)
+    except csv.Error:  # a cell over csv's field limit (MAX_CELL), or a NUL
+        raise ConfigError(
+            f"{path} line {reader.line_num}: a cell longer than {MAX_CELL // 1024} KiB or "
+            "holding a NUL byte; a CSV of points holds short numbers: params,tokens,loss"
+        ) from None
     lines = [(number, row) for number, row in enumerate(rows, 1) if _has_data(row)]
     if not lines:
         raise ConfigError(
@@ -121,17 +149,32 @@ def _has_data(row: list[str]) -> bool:
     return bool(first) and not first.startswith("#")
 
 
-def _number(text: Any, name: str, source: str) -> float:
-    """A finite number > 0 read from a cell or a summary's value, or one line naming where."""
+def _number(text: Any, name: str, source: str, field: str | None = None) -> float:
+    """A number within RANGES[field] read from a cell or a summary's value, or one line naming
+    where, the value and the range allowed."""
+    field = field or name
     if isinstance(text, bool) or text is None or text == "":
         raise ConfigError(f"{source}: {name} is missing; give a number > 0")
     try:
         value = float(text) if not isinstance(text, str) else _text_number(text)
+    except OverflowError:  # a JSON integer of hundreds of digits
+        value = math.inf
     except (ConfigError, ValueError, TypeError):
-        raise ConfigError(f"{source}: {name} {text!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{source}: {name} must be a finite number > 0, got {text!r}")
+        raise ConfigError(f"{source}: {name} {shown(text)} is not a number") from None
+    low, high = RANGES[field]
+    if not (math.isfinite(value) and low <= value <= high) or value <= 0:
+        allowed = f"{low:g} to {high:g}" if low > 0 else f"above 0, at most {high:g}"
+        raise ConfigError(
+            f"{source}: {name} must be a finite number > 0, got {shown(text)}; the range "
+            f"allowed: {allowed}"
+        )
     return value
+
+
+def shown(value: Any) -> str:
+    """A value as a message quotes it: at most 40 characters of it."""
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({len(text)} characters)"
 
 
 def _text_number(text: str) -> float:
@@ -156,10 +199,10 @@ def _read_runs(folder: Path, notes: list[str]) -> list[Point]:
         if point is not None:
             points.append(point)
     if stopped_early:
-        shown = ", ".join(stopped_early[:3]) + (", ..." if len(stopped_early) > 3 else "")
+        named = ", ".join(stopped_early[:3]) + (", ..." if len(stopped_early) > 3 else "")
         notes.append(
             f"left out {len(stopped_early)} run(s) under {folder} stopped before their schedule "
-            f"ended (pruned, early stopping, forecast or diverged): {shown}"
+            f"ended (pruned, early stopping, forecast or diverged): {named}"
         )
     if not points:
         raise ConfigError(
@@ -184,11 +227,7 @@ def _find_summaries(folder: Path) -> list[Path]:
 
 def _read_summary(path: Path, stopped_early: list[str]) -> Point | None:
     run = str(path.parent)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else "not valid JSON"
-        raise ConfigError(f"run {run}: cannot read {SUMMARY}: {why}") from None
+    data = read_json(path, MAX_JSON_BYTES, f"a run's {SUMMARY}")
     if not isinstance(data, dict):
         raise ConfigError(f"run {run}: {SUMMARY} is not a JSON object")
     if _stopped_early(data.get("stop_reason")):
@@ -200,9 +239,9 @@ def _read_summary(path: Path, stopped_early: list[str]) -> Point | None:
             "and evaluate at the end, or leave it out"
         )
     return Point(
-        params=_number(data.get("parameters"), "parameters", f"run {run}"),
+        params=_number(data.get("parameters"), "parameters", f"run {run}", "params"),
         tokens=_number(data.get("tokens"), "tokens", f"run {run}"),
-        loss=_number(data.get("final_val_loss"), "final_val_loss", f"run {run}"),
+        loss=_number(data.get("final_val_loss"), "final_val_loss", f"run {run}", "loss"),
         source=run,
     )
 
@@ -238,3 +277,84 @@ def check_points(points: Iterable[Point], *, what: str = "the points") -> None:
             f"every point has the same token count ({points[0].tokens:.4g}): beta cannot be "
             "fitted; add runs of other lengths"
         )
+
+
+# --- bounded reading ------------------------------------------------------------------------------
+
+
+def regular_size(path: Path, what: str) -> int:
+    """The size in bytes of `path`, a regular file (followed through links): anything else (a
+    FIFO, a device, a socket, a folder) is refused in one line, without opening it."""
+    try:
+        mode = os.stat(path)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc.strerror}") from None
+    if not stat.S_ISREG(mode.st_mode):
+        kind = _KINDS.get(stat.S_IFMT(mode.st_mode), "not a regular file")
+        raise ConfigError(f"{path} is {kind}, not a file: give {what}")
+    return mode.st_size
+
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a folder",
+}
+
+
+def read_text(path: Path, limit: int, what: str) -> str:
+    """The UTF-8 text of `path`, a regular file of at most `limit` bytes (a byte-order mark is
+    dropped: a spreadsheet's "CSV UTF-8" opens with one); one line otherwise."""
+    size = regular_size(path, what)
+    if size > limit:
+        raise ConfigError(
+            f"{path} is {size / 2**20:.1f} MiB; the most read as {what} is {limit / 2**20:g} MiB"
+        )
+    try:
+        # O_NONBLOCK: were it swapped for a FIFO since the check, the open does not wait
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ConfigError(f"{path} is not a regular file: give {what}")
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc.strerror}") from None
+    if len(data) > limit:
+        raise ConfigError(f"{path} grew past {limit / 2**20:g} MiB while read: give {what}")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text; give {what}") from None
+
+
+def read_json(path: Path, limit: int, what: str) -> Any:
+    """The JSON value of `path` (read as read_text reads), nested at most MAX_JSON_DEPTH deep:
+    deeper is refused in one line before it is parsed (Python's parser would recurse)."""
+    text = read_text(path, limit, what)
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise ConfigError(
+            f"{path}: JSON nested {depth:,} deep; the most read is {MAX_JSON_DEPTH}: give {what}"
+        )
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise ConfigError(f"{path} is not JSON: give {what}") from None
+
+
+def json_depth(text: str) -> int:
+    """How deep the brackets of a JSON text nest, strings left out (a bracket in a string is
+    text); a bound, not a parse: malformed JSON is the parser's to refuse."""
+    import numpy as np
+
+    brackets = "".join(_BRACKETS.findall(_STRINGS.sub("", text))).encode("ascii")
+    if not brackets:
+        return 0
+    steps = np.frombuffer(brackets, dtype=np.uint8)
+    opened = (steps == ord("[")) | (steps == ord("{"))
+    return int(np.cumsum(np.where(opened, 1, -1)).max())
+
+
+_BRACKETS = re.compile(r"[\[\]{}]")

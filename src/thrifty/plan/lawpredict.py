@@ -72,14 +72,22 @@ def predict(fit: ScalingFit, flops: float) -> Prediction:
             f"= {value:.3g}); add runs that span more sizes and lengths"
         )
     point = _allocation(law, flops)
+    if point is None:
+        raise ConfigError(
+            f"the fitted law's optimum for {flops:.3g} FLOPs is out of a float's range (alpha "
+            f"{law.alpha:.3g}, beta {law.beta:.3g}); add runs that span more sizes and lengths"
+        )
     values: dict[str, list[float]] = {q: [] for q in QUANTITIES}
     skipped = 0
     for sample in fit.samples:
         resampled = LossFit(*sample, source="bootstrap resample")
-        if resampled.alpha <= 0 or resampled.beta <= 0:
+        allocation = (
+            _allocation(resampled, flops) if resampled.alpha > 0 and resampled.beta > 0 else None
+        )
+        if allocation is None:
             skipped += 1
             continue
-        for q, v in _allocation(resampled, flops).items():
+        for q, v in allocation.items():
             values[q].append(v)
     raw = {q: percentile_interval(values[q], fit.confidence) for q in QUANTITIES}
     reach, line = reach_of(fit.ranges, point["params"], point["tokens"], flops)
@@ -94,8 +102,8 @@ def predict(fit: ScalingFit, flops: float) -> Prediction:
         ]
     if skipped:
         notes.append(
-            f"{skipped} of {len(fit.samples)} resamples had alpha or beta <= 0 (no optimum) and "
-            "are left out of the intervals"
+            f"{skipped} of {len(fit.samples)} resamples had alpha or beta <= 0 (no optimum, or "
+            "one out of a float's range) and are left out of the intervals"
         )
     return Prediction(
         flops=flops,
@@ -113,15 +121,22 @@ def predict(fit: ScalingFit, flops: float) -> Prediction:
     )
 
 
-def _allocation(law: LossFit, flops: float) -> dict[str, float]:
-    params = optimal_params(flops, law)
-    tokens = flops / (6.0 * params)
-    return {
-        "params": params,
-        "tokens": tokens,
-        "tokens_per_param": tokens / params,
-        "loss": law.loss(params, tokens),
-    }
+def _allocation(law: LossFit, flops: float) -> dict[str, float] | None:
+    """N*, D*, D*/N* and the loss of `law` for `flops`; None where one is out of a float's
+    range (an exponent near 0 sends N* to 0 or to infinity)."""
+    try:
+        params = optimal_params(flops, law)
+        tokens = flops / (6.0 * params)
+        values = {
+            "params": params,
+            "tokens": tokens,
+            "tokens_per_param": tokens / params,
+            "loss": law.loss(params, tokens),
+        }
+    except (ZeroDivisionError, OverflowError):
+        return None
+    good = all(math.isfinite(v) and v > 0 for v in values.values())
+    return values if good else None
 
 
 @dataclass(frozen=True, slots=True)

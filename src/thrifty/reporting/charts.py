@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html import escape
 
 # The viewBox of each size, in pixels: the page scales a chart to its column, so each size is
@@ -89,25 +89,31 @@ class Chart:
         return own or PALETTE[index % len(PALETTE)]
 
     def svg(self) -> str:
-        return _draw(self)
+        return _draw(drawable(self))
 
     def html(self, anchor: str = "") -> str:
         """The chart in a <figure> (id `chart-<anchor><id>`), with its legend: the series,
-        then the kinds of marks."""
-        items = [
-            _legend_item(self.color(i), s.name, s.dashed, self.stacked)
-            for i, s in enumerate(self.series)
-        ]
-        kinds = {m.kind for m in self.marks}
-        items += [_mark_legend_item(k) for k in MARK_COLORS if k in kinds]
-        if any(s.stop for s in self.series):
-            items.append(f'<span class="key"><b>{STOP_GLYPH}</b> stopped early</span>')
-        note = f'<p class="note">{escape(self.note)}</p>' if self.note else ""
-        return (
-            f'<figure class="chart" id="chart-{escape(anchor + self.id)}">'
-            f"<figcaption>{escape(self.title)}</figcaption>{self.svg()}"
-            f'<div class="legend">{"".join(items)}</div>{note}</figure>'
-        )
+        then the kinds of marks; the points too far out to draw are left out and said
+        (`drawable`)."""
+        return _figure(drawable(self), anchor)
+
+
+def _figure(chart: Chart, anchor: str) -> str:
+    """`Chart.html` of a chart that holds only drawable points."""
+    items = [
+        _legend_item(chart.color(i), s.name, s.dashed, chart.stacked)
+        for i, s in enumerate(chart.series)
+    ]
+    kinds = {m.kind for m in chart.marks}
+    items += [_mark_legend_item(k) for k in MARK_COLORS if k in kinds]
+    if any(s.stop for s in chart.series):
+        items.append(f'<span class="key"><b>{STOP_GLYPH}</b> stopped early</span>')
+    note = f'<p class="note">{escape(chart.note)}</p>' if chart.note else ""
+    return (
+        f'<figure class="chart" id="chart-{escape(anchor + chart.id)}">'
+        f"<figcaption>{escape(chart.title)}</figcaption>{_draw(chart)}"
+        f'<div class="legend">{"".join(items)}</div>{note}</figure>'
+    )
 
 
 def _legend_item(color: str, name: str, dashed: bool, area: bool = False) -> str:
@@ -125,6 +131,68 @@ def _mark_legend_item(kind: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# Points too far out to draw
+
+# A value this many times the chart's typical magnitude (its median, at least 1) is left out:
+# a loss of 1e308 beside losses near 2 would flatten every other point onto the axis.
+EXTREME_FACTOR = 1e12
+# Past this, the axis' own arithmetic (a span, a tick's power of ten) overflows a float.
+MAX_MAGNITUDE = 1e150
+_SHOWN_EXAMPLES = 3
+
+
+def drawable(chart: Chart) -> Chart:
+    """`chart` without the points it cannot draw: not finite (NaN, ±infinity), or beyond its
+    limit (`EXTREME_FACTOR` × its typical magnitude, `MAX_MAGNITUDE` at most); its note says
+    how many were left out and the first few (series, step, value). In a stacked chart a step
+    with any such layer is left out of every layer, so the layers still add up."""
+    limit = _limit(chart)
+    bad = [(s.name, x, y) for s in chart.series for x, y in s.points if not _fits(x, y, limit)]
+    bands = sum(
+        1 for s in chart.series for b in s.band if not all(_fits(b[0], v, limit) for v in b[1:])
+    )
+    if not bad and not bands:
+        return chart
+    gone = {x for _, x, _ in bad}
+    series = tuple(
+        replace(
+            s,
+            points=tuple(
+                (x, y)
+                for x, y in s.points
+                if (x not in gone if chart.stacked else _fits(x, y, limit))
+            ),
+            band=tuple(b for b in s.band if all(_fits(b[0], v, limit) for v in b[1:])),
+        )
+        for s in chart.series
+    )
+    marks = tuple(m for m in chart.marks if _fits(m.x, 0.0, limit))
+    return replace(chart, series=series, marks=marks, note=_left_out_note(chart, bad, limit))
+
+
+def _limit(chart: Chart) -> float:
+    values = sorted(abs(y) for s in chart.series for _, y in s.points if math.isfinite(y))
+    typical = values[len(values) // 2] if values else 1.0
+    return min(MAX_MAGNITUDE, EXTREME_FACTOR * max(typical, 1.0))
+
+
+def _fits(x: float, y: float, limit: float) -> bool:
+    return math.isfinite(x) and abs(x) <= MAX_MAGNITUDE and math.isfinite(y) and abs(y) <= limit
+
+
+def _left_out_note(chart: Chart, bad: list[tuple[str, float, float]], limit: float) -> str:
+    if not bad:
+        return chart.note
+    shown = ", ".join(f"{name} at step {x:g}: {y:g}" for name, x, y in bad[:_SHOWN_EXAMPLES]) + (
+        ", …" if len(bad) > _SHOWN_EXAMPLES else ""
+    )
+    said = (
+        f"{len(bad)} point{'s' if len(bad) > 1 else ''} left out, not finite or beyond "
+        f"±{limit:.3g}, too far out to draw ({shown})."
+    )
+    return f"{chart.note} {said}" if chart.note else said
+
+
 # Scales
 
 

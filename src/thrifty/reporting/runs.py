@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from thrifty.errors import ThriftyError
+from thrifty.ledger.files import read_text
 from thrifty.reporting.fields import LIST, NUMBER, TABLE, TEXT, WHOLE, fits, kind_of
 from thrifty.reporting.sweep_fields import check_sweep
 
@@ -246,9 +247,9 @@ def _read_config(path: Path) -> dict[str, Any]:
     (the report can do without)."""
     from thrifty.config import toml_loads
 
-    try:
-        tables = toml_loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # a FIFO or a device by that name is never opened
+        tables = toml_loads(read_text(path))
+    except (OSError, ValueError, RecursionError):
         return {}
     return {name: table for name, table in tables.items() if isinstance(table, dict)}
 
@@ -281,8 +282,8 @@ def _positive(value: Any) -> bool:
 
 
 def _read_manifest(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # a FIFO or a device by that name is never opened
+        data = json.loads(read_text(path))
+    except (OSError, ValueError, RecursionError):
         return None  # a save being written, or a damaged one: not a save to mark
     return data if isinstance(data, dict) else None

@@ -70,10 +70,10 @@ def loss_chart(runs: list[Run]) -> Chart:
     for i, run in enumerate(runs):
         prefix = f"{run.name}: " if len(runs) > 1 else ""
         color = _run_color(i) if len(runs) > 1 else ""
-        train = _points((r["step"], r.get("loss")) for r in run.steps)
+        train = _points(((r["step"], r.get("loss")) for r in run.steps), said=True)
         series.append(Series(f"{prefix}train loss", train, color=color))
         if run.evals:
-            val = _points(run.evals)
+            val = _points(run.evals, said=True)
             series.append(
                 Series(f"{prefix}validation loss", val, color=color or "#e8590c", dashed=True)
             )
@@ -376,11 +376,16 @@ def cost_chart(runs: list[Run]) -> Chart:
 # --------------------------------------------------------------------------------------------
 
 
-def _points(pairs: Iterable[tuple[Any, Any]]) -> tuple[tuple[float, float], ...]:
-    """The pairs whose values are both finite numbers, as floats."""
+def _points(
+    pairs: Iterable[tuple[Any, Any]], *, said: bool = False
+) -> tuple[tuple[float, float], ...]:
+    """The pairs whose values are both finite numbers, as floats. `said`: a y that is NaN or
+    infinite is kept too, for the chart to leave out and say (a loss that diverged)."""
     kept = []
     for x, y in pairs:
         fx, fy = number(x), number(y)
+        if said and fy is None and type(y) is float:
+            fy = y
         if fx is not None and fy is not None:
             kept.append((fx, fy))
     return tuple(kept)

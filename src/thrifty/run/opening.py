@@ -21,7 +21,7 @@ from thrifty.checkpoint import CheckpointInfo, CheckpointManager
 from thrifty.checkpoint.storage import is_remote, redact
 from thrifty.config import CheckpointConfig, TrainConfig, read_config_file
 from thrifty.errors import RunAlreadyFinished, ThriftyError
-from thrifty.measure.cost import LostWork, lost_work
+from thrifty.measure.cost import LostWork, finished_cost, lost_work
 from thrifty.measure.loggers import build_loggers, require_packages
 from thrifty.records.directory import MetricsLog, default_run_dir, prepare_run_dir, truncate_metrics
 from thrifty.records.stop import StopReason
@@ -41,7 +41,7 @@ from thrifty.run.ownership import (
     overwrite_flag,
     remove_checkpoints,
 )
-from thrifty.run.saves import describe, make_manager, resume_point
+from thrifty.run.saves import describe, in_own_location, make_manager, resume_point
 
 log = logging.getLogger("thrifty")
 
@@ -106,9 +106,9 @@ def _claim(config: TrainConfig, interface: str, run_dir: Path, lock: RunLock) ->
     manager.probe()  # a read-only dir, a file, a missing bucket: fail before step 1
     restart = False
     if r.overwrite:
-        start_over(run_dir, c, manager, interface)
-        ref, why = None, "overwrite"
+        ref, why = overwrite_start(run_dir, c, manager, interface)
     else:
+        refuse_changed_resume(run_dir, c, manager, interface)
         ref, why = resume_point(c, manager)
     if ref is None and not r.overwrite:
         if manager.has_checkpoints():
@@ -126,7 +126,9 @@ def _claim(config: TrainConfig, interface: str, run_dir: Path, lock: RunLock) ->
                 run_dir,
             )
             restart = True
-    run_dir = prepare_run_dir(run_dir, r.overwrite or restart, resuming=ref is not None)
+    # Started over from a named checkpoint: what the run wrote before goes, as with step 0.
+    resuming = ref is not None and not r.overwrite
+    run_dir = prepare_run_dir(run_dir, r.overwrite or restart, resuming=resuming)
     return Claimed(run_dir, lock, manager, ref, why, extending)
 
 
@@ -174,6 +176,61 @@ def _done_message(run_dir: Path, summary: dict[str, Any], interface: str) -> str
         f"run directory {run_dir} is done: it holds a finished run of this config{how}, so "
         f"there is nothing to train; {again}"
     )
+
+
+def overwrite_start(
+    run_dir: Path, checkpoint: CheckpointConfig, manager: CheckpointManager, interface: str
+) -> tuple[CheckpointInfo | str | None, str]:
+    """--overwrite: the run starts over (`start_over`), from step 0, or from the checkpoint
+    checkpoint.resume names elsewhere than the run's own saves, which are deleted first (one
+    of them is refused before anything is deleted)."""
+    named = checkpoint.resume not in ("auto", "never")
+    if named and in_own_location(checkpoint.resume, manager):
+        raise ThriftyError(
+            f"checkpoint.resume = {redact(checkpoint.resume)} is one of this run's own "
+            f"checkpoints, which {overwrite_flag(interface)} deletes: resume from it without "
+            f"{overwrite_flag(interface)}, or copy it elsewhere first"
+        )
+    start_over(run_dir, checkpoint, manager, interface)
+    if named:
+        return checkpoint.resume, f"checkpoint {redact(checkpoint.resume)} (overwrite)"
+    return None, "overwrite"
+
+
+def refuse_changed_resume(
+    run_dir: Path, checkpoint: CheckpointConfig, manager: CheckpointManager, interface: str
+) -> None:
+    """A run with saves of its own, started again with a checkpoint.resume that names another
+    checkpoint than the one it began with (or than auto/never), is refused in one line.
+
+    The same command relaunched resumes the run's own newest save (`resume_point`); a new
+    checkpoint is a new instruction, and taking either silently would drop the other: the
+    run's own training, or the checkpoint the user just named (perhaps another model's). A
+    checkpoint among the run's own saves is a rollback, loaded as named."""
+    now = checkpoint.resume
+    if now in ("auto", "never") or in_own_location(now, manager):
+        return
+    before = _began_with(run_dir)
+    if before is None or same_place(before, now) or not manager.has_checkpoints():
+        return
+    flag = "--resume" if interface == "cli" else "checkpoint.resume ="
+    raise ThriftyError(
+        f"checkpoint.resume changed from {before!r} to {redact(now)!r}, and run directory "
+        f"{run_dir} holds the run's own checkpoints at {redact(manager.location)}: to start "
+        f"from {redact(now)}, "
+        + choices(interface, "another", "start this run over from it")
+        + f"; to continue this run, {flag} auto"
+    )
+
+
+def _began_with(run_dir: Path) -> str | None:
+    """The checkpoint.resume the run in `run_dir` was started with (credentials removed), as
+    its config.toml says; None when it says nothing (no config.toml of a run's)."""
+    try:
+        before = read_config_file(run_dir / "config.toml").get("checkpoint", {}).get("resume")
+    except (OSError, ValueError, ThriftyError):
+        return None
+    return before if isinstance(before, str) else None
 
 
 def start_over(
@@ -268,7 +325,7 @@ def record_opening(
                 len(cut.records),
             )
         # Steps past the checkpoint were paid for and are done again: bill them.
-        claimed.lost = lost_work(cut.records, step, seconds)
+        claimed.lost = lost_work(cut.records, step, seconds, finished_cost(run_dir))
         if claimed.extending:  # unfinished again: an interruption now resumes as usual
             (run_dir / "summary.json").unlink(missing_ok=True)
     # metrics.jsonl first: a config.toml with no run beside it is not taken for thrifty's.

@@ -38,7 +38,8 @@ def sweep(
     hyperband, median or none; `workers`: trials at once on this machine; `storage`: a database
     URL shared by several machines (default: a journal file in `out`); `overrides`:
     "section.key=value" for every trial. Raises SweepStopped after SIGTERM or SIGINT (the same
-    call continues the sweep).
+    call continues the sweep), and SweepFailed when every trial failed or 3 in a row failed
+    alike (sweep.json is written all the same; the message names the failure).
     """
     from pathlib import Path
 

@@ -4,7 +4,10 @@ on D = C / (6N) tokens, run as a sweep (spot-safe, resumable, several workers), 
 
 The size knob is a key of the config (`task.model_args.n_embd`, or the depth); N is counted by
 building the model at each size (trainable parameters, as the run's summary counts them), not
-by a formula. D becomes `run.max_steps` through the tokens one optimizer step trains: the
+by a formula. It is built on PyTorch's meta device: shapes without storage, so a size whose
+weights would not fit in memory is counted all the same, in milliseconds. A model whose code
+cannot run on the meta device (it reads its weights' values while being built) is built for
+real instead. D becomes `run.max_steps` through the tokens one optimizer step trains: the
 effective batch times the tokens of one sample, read from the training data as the run counts
 them (its `loss_mask`, else its `input_ids`). Each run's schedule ends at its own last step, as
 Chinchilla's runs did: a run cut short of its schedule would read a higher loss than its size
@@ -25,6 +28,8 @@ from thrifty.sweeps.space import read_config
 
 STEPS_KEY = "run.max_steps"
 MIN_STEPS = 10  # fewer, and warm-up and noise are most of what a run measures
+MAX_SIZE = 1e9  # a width or a depth: past any model built
+MAX_FLOPS = 1e30  # a budget: ten thousand times the largest runs trained
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,8 +65,11 @@ def parse_sizes(text: str) -> tuple[str, list[int | float]]:
             number = float(item)
         except ValueError:
             raise ConfigError(f"--size {text!r}: {item.strip()!r} is not a number") from None
-        if not math.isfinite(number) or number <= 0:
-            raise ConfigError(f"--size {text!r}: sizes must be above 0, got {item.strip()!r}")
+        if not (math.isfinite(number) and 0 < number <= MAX_SIZE):
+            raise ConfigError(
+                f"--size {text!r}: sizes must be above 0 and at most {MAX_SIZE:g}, got "
+                f"{item.strip()[:40]!r}"
+            )
         sizes.append(int(number) if number.is_integer() else number)
     if len(set(sizes)) < 3:
         raise ConfigError(
@@ -80,8 +88,11 @@ def layout(
 ) -> list[IsoRun]:
     """The grid's runs, smallest budget first: every size at every budget in `budgets`. Raises
     ConfigError (one line) for a knob the config does not set, or a run under MIN_STEPS."""
-    if not budgets or any(not (math.isfinite(c) and c > 0) for c in budgets):
-        raise ConfigError("--flops needs FLOP budgets above 0, e.g. --flops 1e13,3e13,1e14")
+    if not budgets or any(not (math.isfinite(c) and 0 < c <= MAX_FLOPS) for c in budgets):
+        raise ConfigError(
+            f"--flops needs FLOP budgets above 0 and at most {MAX_FLOPS:g}, e.g. --flops "
+            "1e13,3e13,1e14"
+        )
     given = read_config(config, overrides)
     built = {size: _measure(given, key, size) for size in sizes}
     runs = []
@@ -131,7 +142,10 @@ def run_grid(
         pruner="none",
         workers=workers,
         storage=storage,
-        overrides=[f"{STEPS_KEY}={min(r.steps for r in runs)}", *overrides],  # each run sets its own
+        overrides=[
+            f"{STEPS_KEY}={min(r.steps for r in runs)}",
+            *overrides,
+        ],  # each run sets its own
     )
     plan = make_sweep(config, space(key, runs), Path(out), options, say=say)
     for run in runs:  # a grid's points, not a sampler's: queued once, whatever the restarts
@@ -153,11 +167,15 @@ def _measure(given: Mapping[str, Any], key: str, size: int | float) -> tuple[int
     config = TrainConfig.from_dict(apply_overrides(given, [(key, size), (STEPS_KEY, MIN_STEPS)]))
     t = config.task
     if t.model is None or t.train_data is None:
-        raise ConfigError("an IsoFLOP grid builds the config's task: set task.model and task.train_data")
-    model = call_factory(import_object(t.model, "task.model"), t.model_args, "task.model", "task.model_args")
-    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        raise ConfigError(
+            "an IsoFLOP grid builds the config's task: set task.model and task.train_data"
+        )
+    params = count_params(import_object(t.model, "task.model"), t.model_args)
     data = call_factory(
-        import_object(t.train_data, "task.train_data"), t.data_args, "task.train_data", "task.data_args"
+        import_object(t.train_data, "task.train_data"),
+        t.data_args,
+        "task.train_data",
+        "task.data_args",
     )
     sample = data[0] if hasattr(data, "__getitem__") else next(iter(data))
     per_sample = count_tokens(sample)
@@ -169,3 +187,18 @@ def _measure(given: Mapping[str, Any], key: str, size: int | float) -> tuple[int
     batch = config.batch.effective if config.batch.effective is not None else config.batch.micro
     assert isinstance(batch, int)  # micro = "auto" needs batch.effective
     return params, per_sample * batch
+
+
+def count_params(factory: Callable[..., Any], args: Mapping[str, Any]) -> int:
+    """Trainable parameters of `factory(**args)`, built on the meta device (no storage is
+    allocated, whatever the size); built for real only if the model cannot be built there."""
+    import torch
+
+    from thrifty.task import call_factory
+
+    try:
+        with torch.device("meta"):
+            model = call_factory(factory, dict(args), "task.model", "task.model_args")
+    except (NotImplementedError, RuntimeError):  # it reads a weight's value while being built
+        model = call_factory(factory, dict(args), "task.model", "task.model_args")
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

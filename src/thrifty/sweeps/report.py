@@ -19,14 +19,16 @@ def _params(params: dict[str, Any]) -> str:
 
 def print_table(record: dict[str, Any], out: Path) -> None:
     """Print `record` (sweep.json) as a table, then the best trial and what pruning saved."""
-    table = Table(title=f"thrifty sweep: {record['study']}")
+    table = Table(title=f"thrifty sweep: {dash(record['study'])}")
     for name in ("trial", "state", "loss", "steps", "seconds", "USD", "parameters", "why"):
-        table.add_column(name, justify="right" if name in ("loss", "steps", "seconds", "USD") else "left")
+        table.add_column(
+            name, justify="right" if name in ("loss", "steps", "seconds", "USD") else "left"
+        )
     for t in record["trials"]:
         why = (t.get("pruned") or {}).get("reason") or t.get("error") or ""
         table.add_row(
             str(t["number"]),
-            t["state"],
+            dash(t["state"]),
             _num(t["value"]),
             dash(t["steps"]),
             _num(t["seconds"], ".1f"),
@@ -39,8 +41,10 @@ def print_table(record: dict[str, Any], out: Path) -> None:
     c, best = record["compute"], record["best"]
     if best is not None:
         show.print(
-            f"best: trial {best['number']}, loss {best['value']:.6g} ({_params(best['params'])}); "
-            f"`thrifty train {shlex.quote(str(out / 'best.toml'))}` runs it"
+            f"best: trial {best['number']}, loss {best['value']:.6g} "
+            f"({dash(_params(best['params']))}); "
+            f"`thrifty train {dash(shlex.quote(str(out / 'best.toml')))}` runs it",
+            soft_wrap=True,  # the command whole on its line, to copy
         )
     saved = c["saved_seconds"] / c["unpruned_seconds"] if c["unpruned_seconds"] else 0.0
     line = (

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import threading
 import time
@@ -31,10 +32,9 @@ from optuna.trial import TrialState
 
 from thrifty.children import Children
 from thrifty.errors import ThriftyError
-from thrifty.redact import redact_text
 from thrifty.sweeps import results
 from thrifty.sweeps.space import Space
-from thrifty.sweeps.study import requeue_orphans
+from thrifty.sweeps.study import requeue_orphans, storage_trouble
 from thrifty.sweeps.trial import (
     HYPERBAND_LIMIT_KEY,
     PAUSED_KEY,
@@ -48,6 +48,16 @@ from thrifty.sweeps.trial import (
 
 STOP_GRACE_SECONDS = 120.0  # a trial's emergency checkpoint after the sweep's stop signal
 STORAGE_RETRIES = (5.0, 10.0, 20.0, 40.0, 60.0)  # seconds between tries of a failing storage
+
+
+REPEATED_FAILURES = 3  # trials in a row failed alike: the sweep starts no more
+
+
+class SweepFailed(ThriftyError):
+    """Every trial failed, or the same failure repeated: exit code 1 (the budget bought no
+    result), with the failure named in one line."""
+
+    exit_code = 1
 
 
 class SweepStopped(ThriftyError):
@@ -113,6 +123,8 @@ class Sweep:
     failure: str | None = None  # why the sweep ended before its end (one line)
     lock: threading.Lock = field(default_factory=threading.Lock)
     ended: list[Ended] = field(default_factory=list)
+    failed_in_a_row: list[str] = field(default_factory=list)  # reasons, since the last success
+    repeated: str | None = None  # the failure that repeated REPEATED_FAILURES times in a row
 
 
 def run_sweep(sweep: Sweep) -> dict[str, Any]:
@@ -148,7 +160,56 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
             f"sweep stopped: {waiting} trial(s) saved and waiting; run the same command to "
             "continue it (exit code 75)"
         )
+    _check_failures(sweep, record)
     return record
+
+
+def _check_failures(sweep: Sweep, record: dict[str, Any]) -> None:
+    """Raise SweepFailed when the sweep stopped for a repeated failure, or when every trial of
+    the study failed (no best, no best.toml: the budget bought nothing)."""
+    trials = record.get("trials") or []
+    failed = [t for t in trials if t.get("state") == "failed"]
+    if sweep.repeated is not None:
+        everyone = "every trial failed" if len(failed) == len(trials) else "the sweep stopped"
+        raise SweepFailed(
+            f"{everyone}: {REPEATED_FAILURES} trials in a row failed alike, so no more "
+            f"were started: {sweep.repeated}; fix that, then run the same command"
+        )
+    if trials and len(failed) == len(trials):
+        reasons = [str(t.get("error") or "no reason recorded") for t in failed]
+        kinds = [_kind(r) for r in reasons]
+        common = max(sorted(set(kinds)), key=kinds.count)
+        shown = reasons[kinds.index(common)]
+        alike = "alike" if kinds.count(common) == len(kinds) else f"{kinds.count(common)} alike"
+        raise SweepFailed(
+            f"every trial failed ({len(failed)} of {len(trials)}, {alike}): {shown}; no best "
+            "and no best.toml: fix that, then run the same command"
+        )
+
+
+def _kind(reason: str) -> str:
+    """A failure's kind: its text with the numbers left out (a shape error names the shapes
+    each trial's values gave: the same failure all the same)."""
+    return re.sub(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?", "#", reason)
+
+
+def _count_failure(sweep: Sweep, ended: Ended) -> None:
+    """Stop starting trials once REPEATED_FAILURES trials in a row failed alike (of any kind
+    of failure: the config refused, a shape error, a diverged run); a trial that finishes or
+    is pruned clears the count."""
+    if ended.state in ("complete", "pruned"):
+        sweep.failed_in_a_row.clear()
+    if ended.state != "failed":
+        return
+    sweep.failed_in_a_row.append(ended.detail)
+    last = sweep.failed_in_a_row[-REPEATED_FAILURES:]
+    if len(last) == REPEATED_FAILURES and len({_kind(r) for r in last}) == 1:
+        if sweep.repeated is None:
+            sweep.repeated = ended.detail
+            sweep.say(
+                f"{REPEATED_FAILURES} trials in a row failed alike ({ended.detail}): no more "
+                "trials start"
+            )
 
 
 @contextmanager
@@ -180,17 +241,16 @@ def _worker(sweep: Sweep, children: Children, device: dict[str, str]) -> None:
             failures = 0
         except Exception as exc:  # the storage: a lost connection, a locked journal
             failures += 1
-            text = redact_text(str(exc).strip().splitlines()[0] if str(exc).strip() else "")
-            why = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+            why = storage_trouble(exc)
             if failures > len(STORAGE_RETRIES):
                 sweep.failure = (
-                    f"the study's storage keeps failing ({why}): the trials are saved; run the "
-                    "same command to continue once it is back"
+                    f"{why}, and still after {sum(STORAGE_RETRIES):.0f} s: the trials are saved; "
+                    "run the same command to continue once it is back"
                 )
                 sweep.stopping.set()
                 return
             wait = STORAGE_RETRIES[failures - 1]
-            sweep.say(f"the study's storage failed ({why}); trying again in {wait:.0f} s")
+            sweep.say(f"{why}; trying again in {wait:.0f} s")
             sweep.stopping.wait(wait)
 
 
@@ -224,6 +284,8 @@ def _next_trial(sweep: Sweep, children: Children, device: dict[str, str]) -> boo
     sweep.ended.append(ended)
     detail = f" ({ended.detail})" if ended.detail else ""
     sweep.say(f"trial {ended.number}: {ended.state}{detail}")
+    with sweep.lock:
+        _count_failure(sweep, ended)
     if ended.state == "failed" and "No space left" in ended.detail:
         sweep.failure = (
             f"trial {ended.number}: {ended.detail}: free some space, then run the same command"
@@ -266,6 +328,8 @@ def _show(value: Any) -> str:
 def _may_start(sweep: Sweep) -> bool:
     """Whether one more trial may start: a waiting one always may (it was paid for when it
     started); a new one while the study holds fewer than --trials and the budget can pay for it."""
+    if sweep.repeated is not None:  # the same failure again and again: no trial starts
+        return False
     trials = sweep.study.get_trials(deepcopy=False)
     if any(t.state == TrialState.WAITING for t in trials):
         return True

@@ -60,6 +60,7 @@ def open_storage(out: Path, url: str | None) -> Any:
     if url is None:
         return JournalStorage(JournalFileBackend(str(out / JOURNAL)))
     secrets = url_secrets(url)  # a password may hold what no pattern can tell from text
+    _check_sqlite_file(url)
     try:
         return _rdb_storage(url)
     except ImportError as exc:
@@ -76,6 +77,74 @@ def open_storage(out: Path, url: str | None) -> Any:
         ) from None
 
 
+# Optuna's own tables (and Alembic's record of their version): a SQLite file holding any other
+# is someone else's database, which a study must not add its tables to.
+OPTUNA_TABLES = frozenset(
+    {
+        "studies",
+        "study_directions",
+        "study_system_attributes",
+        "study_user_attributes",
+        "trial_heartbeats",
+        "trial_intermediate_values",
+        "trial_params",
+        "trial_system_attributes",
+        "trial_user_attributes",
+        "trial_values",
+        "trials",
+        "version_info",
+        "alembic_version",
+    }
+)
+
+
+def _check_sqlite_file(url: str) -> None:
+    """`--storage sqlite:///PATH` names a new file, an empty one, or an Optuna study's
+    database: a file holding other tables (the user's own data) or no SQLite database at all
+    is refused before Optuna creates a table in it. The file is opened read-only."""
+    import sqlite3
+
+    try:
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(url)
+    except Exception:  # not a URL sqlalchemy reads: Optuna's own error says so
+        return
+    path = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not path or path == ":memory:":
+        return
+    file = Path(path)
+    if not file.exists() or (file.is_file() and file.stat().st_size == 0):
+        return
+    fix = "give a new file (or a study's database) to --storage"
+    if not file.is_file():
+        raise ThriftyError(f"--storage {url}: {path} is not a regular file; {fix}")
+    try:
+        with open(file, "rb") as f:
+            header = f.read(16)
+        if header != b"SQLite format 3\x00":
+            raise sqlite3.DatabaseError("file is not a database")
+        reader = sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            names = {
+                r[0] for r in reader.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+        finally:
+            reader.close()
+    except (OSError, sqlite3.Error) as exc:
+        raise ThriftyError(
+            f"--storage {url}: {path} is not a SQLite database ({exc}); {fix}"
+        ) from None
+    others = sorted(n for n in names if n not in OPTUNA_TABLES and not n.startswith("sqlite_"))
+    if others:
+        more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+        raise ThriftyError(
+            f"--storage {url}: {path} is another database (it holds the table "
+            f"{others[0]!r}{more}, which is not an Optuna study's): a sweep never adds its "
+            f"tables to it; {fix}"
+        )
+
+
 def _rdb_storage(url: str) -> Any:
     """Optuna's RDB storage at `url`. Machines that open a new database at once race to
     create its tables: the loser's "already exists" is tried again, after the winner's."""
@@ -88,16 +157,19 @@ def _rdb_storage(url: str) -> Any:
             raise
         except Exception as exc:
             text = str(exc).lower()
-            if attempt == 3 or not any(w in text for w in ("duplicate", "already exists", "unique")):
+            if attempt == 3 or not any(
+                w in text for w in ("duplicate", "already exists", "unique")
+            ):
                 raise
             time.sleep(0.5 * (attempt + 1))
     raise AssertionError("unreachable")
 
 
 def _engine_options(url: str) -> dict[str, Any]:
-    """A server that does not answer fails in seconds, not after the system's TCP timeout."""
+    """A server that does not answer fails in seconds, not after the system's TCP timeout; a
+    connection the server dropped (it restarted) is found and replaced before it is used."""
     if url.startswith(("postgresql", "postgres")):
-        return {"connect_args": {"connect_timeout": 10}}
+        return {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
     return {}
 
 
@@ -129,6 +201,33 @@ def load_or_create(storage: Any, name: str, print_: str, pruner: Any) -> optuna.
             f"{known}, now {print_}): give a new --out (or --study), or undo the change"
         )
     return study
+
+
+def storage_trouble(exc: BaseException) -> str:
+    """What went wrong with the study's storage, in a few words: "the study's database is
+    unreachable" for a connection that failed or was lost (not the driver's words, nor
+    Optuna's "invalid data in the commit" that a lost connection brings with it), else the
+    error's type and first line, credentials removed."""
+    from thrifty.redact import redact_text
+
+    seen: BaseException | None = exc
+    for _ in range(8):  # the error and what it came from
+        if seen is None:
+            break
+        name = type(seen).__name__
+        text = str(seen).lower()
+        if name in ("OperationalError", "InterfaceError", "DisconnectionError") or any(
+            w in text for w in ("connection", "could not connect", "server closed", "terminating")
+        ):
+            return "the study's database is unreachable"
+        seen = seen.__cause__ or seen.__context__
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = redact_text(first)
+    return (
+        f"the study's storage failed ({type(exc).__name__}: {text})"
+        if text
+        else (f"the study's storage failed ({type(exc).__name__})")
+    )
 
 
 # --- leases --------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from thrifty.children import Child, Children
+from thrifty.children import Child, Children, error_in
 from thrifty.config import dump_toml, toml_literal
 from thrifty.console import say
 from thrifty.records.directory import step_records
@@ -55,7 +55,7 @@ from thrifty.records.stop_signals import EXIT_PREEMPTED
 from thrifty.run.judge import ENV as JUDGE_ENV
 from thrifty.run.judge import GO, PAUSE, PRUNE
 from thrifty.sweeps import hyperband, pruning
-from thrifty.sweeps.study import LEASE_KEY, PAUSED_KEY, lease
+from thrifty.sweeps.study import LEASE_KEY, PAUSED_KEY, lease, storage_trouble
 
 TRIAL_MODULE = "thrifty.tune_trial"
 SECONDS_KEY = "thrifty.seconds"  # wall seconds of the trial's processes, all sessions summed
@@ -258,7 +258,9 @@ def run_trial(
         )
         for fd in (child_read, child_write, progress):
             os.close(fd)
-        code, paused, stopped = _serve(setup, study, trial, child, parent_read, parent_write, stopping)
+        code, paused, stopped = _serve(
+            setup, study, trial, child, parent_read, parent_write, stopping
+        )
     finally:
         for fd in (parent_read, parent_write):
             os.close(fd)
@@ -292,10 +294,12 @@ def _serve(
     buffer = b""
     signalled = False
     paused: int | None = None
+    backlog = Backlog(trial.number)
     while True:
         code = child.poll()
         if code is not None:
             child.wait()
+            backlog.drain(setup, trial)
             return code, paused, signalled
         if (stopping.is_set() or not setup.leases.holds(trial._trial_id)) and not signalled:
             signalled = True
@@ -309,23 +313,94 @@ def _serve(
         chunk = os.read(reports, 4096)
         if not chunk:  # the run closed its end: wait for its exit
             child.wait()
+            backlog.drain(setup, trial)
             return child.proc.returncode, paused, signalled
         buffer += chunk
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
             report = json.loads(line)
-            try:
-                answer = _judge(setup, study, trial, report)
-            except Exception as exc:  # the storage is down: the trial goes on, unjudged
-                say("sweep", f"trial {trial.number}: step {report.get('step')} not reported "
-                    f"({type(exc).__name__}): the study's storage failed; the trial goes on")
-                answer = GO
+            backlog.reports.append(report)
+            answer = backlog.report(setup, study, trial)
             if answer == PAUSE:
                 paused = int(report["step"])
             try:
                 os.write(answers, (answer + "\n").encode())
             except OSError:
                 pass
+
+
+class Backlog:
+    """Trial `number`'s evaluations the study's storage has not taken yet, in the order the
+    run reported them. While the storage does not answer (a database down for a minute) the
+    run goes on unjudged and its evaluations wait here; once it answers, they are reported in
+    order, each once, and the newest is judged. One line says the storage is unreachable, one
+    how long it was."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.reports: list[dict[str, Any]] = []
+        self.down_since: float | None = None  # monotonic seconds
+
+    def report(self, setup: TrialSetup, study: optuna.Study, trial: optuna.Trial) -> str:
+        """Report what waits, oldest first, and judge the newest: the pruner's answer, or GO
+        while the storage does not answer."""
+        try:
+            while len(self.reports) > 1:
+                _record(setup, trial, self.reports[0])
+                self.reports.pop(0)
+            answer = _judge(setup, study, trial, self.reports[0]) if self.reports else GO
+            self.reports.clear()
+        except Exception as exc:
+            self._down(exc)
+            return GO
+        self._back()
+        return answer
+
+    def drain(self, setup: TrialSetup, trial: optuna.Trial) -> None:
+        """At the run's end: report what waits, trying again while the storage does not
+        answer (for as long as the sweep's workers wait for it), so that no evaluation is
+        lost before the trial's outcome is told. Raises the storage's error past that."""
+        waits = list(DRAIN_RETRIES)
+        while True:
+            try:
+                for report in list(self.reports):
+                    _record(setup, trial, report)
+                    self.reports.pop(0)
+            except Exception as exc:
+                self._down(exc)
+                if not waits:
+                    raise
+                time.sleep(waits.pop(0))  # the trial has ended: nothing to stop meanwhile
+                continue
+            self._back()
+            return
+
+    def _down(self, exc: BaseException) -> None:
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            say("sweep", f"trial {self.number}: {storage_trouble(exc)}: its evaluations are "
+                "kept and reported once it answers; the trial goes on unjudged meanwhile")  # fmt: skip
+
+    def _back(self) -> None:
+        if self.down_since is None:
+            return
+        seconds = time.monotonic() - self.down_since
+        self.down_since = None
+        say("sweep", f"trial {self.number}: the study's database was unreachable for "
+            f"{seconds:.0f} s; the evaluations kept meanwhile are reported")  # fmt: skip
+
+
+DRAIN_RETRIES = (2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0)  # seconds: 130 s in all
+
+
+def _record(setup: TrialSetup, trial: optuna.Trial, report: dict[str, Any]) -> None:
+    """Report one evaluation to Optuna without asking its pruner (one the storage took
+    late: the pruner judges the newest), never a step twice."""
+    step, value = int(report["step"]), float(report["value"])
+    if not math.isfinite(value):
+        return
+    if step not in setup.storage.get_trial(trial._trial_id).intermediate_values:
+        trial.report(value, step)
 
 
 def _judge(setup: TrialSetup, study: optuna.Study, trial: optuna.Trial, report: dict) -> str:
@@ -431,9 +506,13 @@ def run_facts(run_dir: Path) -> dict[str, Any]:
             times.append(float(record["step_seconds"]))
         cost = record.get("cost")
         if isinstance(cost, dict):
+            # The dollars of the seconds billed besides thrown-away work (which the snapshot
+            # prices apart): the training clock and the time outside it (set-up).
             usd, elapsed = cost.get("usd"), cost.get("elapsed_seconds")
-            if isinstance(usd, (int, float)) and isinstance(elapsed, (int, float)) and elapsed > 0:
-                price = (usd - float(cost.get("wasted_usd") or 0.0)) / elapsed
+            outside = cost.get("overhead_seconds")
+            billed = (elapsed or 0.0) + (outside if isinstance(outside, (int, float)) else 0.0)
+            if isinstance(usd, (int, float)) and isinstance(elapsed, (int, float)) and billed > 0:
+                price = (usd - float(cost.get("wasted_usd") or 0.0)) / billed
     times.sort()
     return {
         "steps": steps,
@@ -497,7 +576,7 @@ def _finish(
         study.tell(trial, state=TrialState.FAIL)
         return Ended(number, "failed", error)
     if code != 0:
-        error = child.error_line()
+        error = failure_reason(out, child, code)
         if IN_USE in error:  # another worker took this trial up first: its run, its outcome
             return Ended(number, "busy", error)
         trial.set_user_attr(ERROR_KEY, error)
@@ -528,6 +607,25 @@ def _finish(
         return Ended(number, "failed", f"no finite loss ({value!r})")
     study.tell(trial, float(value))
     return Ended(number, "complete", f"{value:.4g}")
+
+
+def failure_reason(out: Path, child: Child, code: int) -> str:
+    """Why the trial's run failed, in the run's own words: "the run diverged" when the summary
+    this session wrote says so (a diverged run exits 1), else the first error its log shows
+    in this session (an out-of-memory error says so), else its exit code. Never the log's last
+    line: on a busy machine that is the run's warning that the machine was busy."""
+    try:
+        summary_file = out / "summary.json"
+        fresh = summary_file.stat().st_mtime >= child.started_wall - 1.0
+        summary = json.loads(summary_file.read_text()) if fresh else {}
+    except (OSError, ValueError):
+        summary = {}
+    if isinstance(summary, dict) and summary.get("stop_reason") == "diverged":
+        return "the run diverged"
+    error = error_in(child.log, child.session_start)
+    if error:
+        return error
+    return f"its run exited with code {code} and no error line (its log: {child.log})"
 
 
 def wait_for_children(children: Children, seconds: float) -> None:

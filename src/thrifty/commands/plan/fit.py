@@ -1,13 +1,14 @@
 """`thrifty plan fit`: fit L(N, D) = E + A/N^alpha + B/D^beta to your own runs.
 
     thrifty plan fit PATH... [--budget-flops C | --budget-gpu-hours H | --budget-dollars USD]
-        [--instance NAME | --gpu NAME] [--mfu F] [--bootstrap N] [--seed S] [--out FIT.json]
-        [--json]
+        [--instance NAME | --gpu NAME] [--mfu F] [--bootstrap N] [--seed S] [--robust]
+        [--out FIT.json] [--json]
 
 It prints the fitted constants with their bootstrap intervals beside the published fits
 (Hoffmann et al. 2022, Epoch AI's replication), approach 2's exponent where the runs form
 IsoFLOP groups, and for a budget the compute-optimal N*, D*, tokens per parameter and loss with
-their intervals and how far they reach beyond the fitted runs. `--out` saves the fit for
+their intervals and how far they reach beyond the fitted runs, and the runs that drive the fit
+(leaving each out moves the optimum's exponent most). Progress goes to stderr. `--out` saves the fit for
 `thrifty plan --budget-flops C --fit FIT.json`. Registering imports neither torch nor rich.
 """
 
@@ -17,7 +18,13 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from thrifty.commands.plan.options import COUNT, DTYPES, FRACTION, INT
+from thrifty.commands.plan.options import (
+    BUDGET_DOLLARS,
+    BUDGET_FLOPS,
+    BUDGET_GPU_HOURS,
+    DTYPES,
+    FRACTION,
+)
 from thrifty.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -25,10 +32,11 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from thrifty.plan.chinchilla import Allocation
-    from thrifty.plan.lawfit import ScalingFit
+    from thrifty.plan.lawfit import Influence, ScalingFit
     from thrifty.plan.lawpredict import Prediction
 
-DEFAULT_RESAMPLES = 200  # thrifty.plan.lawfit.DEFAULT_RESAMPLES, without importing it here
+DEFAULT_RESAMPLES = 1000  # thrifty.plan.lawfit.DEFAULT_RESAMPLES, without importing it here
+MIN_RESAMPLES, MAX_RESAMPLES = 20, 100_000  # thrifty.plan.lawfit's
 FIT_FILE = "scaling-fit.json"  # thrifty.plan.lawfile.FIT_FILE
 KEEP = argparse.SUPPRESS  # an option `plan` also has: a value given before `fit` stays
 
@@ -53,10 +61,17 @@ def register_fit(commands: argparse._SubParsersAction) -> None:
     _budget_options(fit)
     fit.add_argument(
         "--bootstrap",
-        type=INT,
+        type=_resamples,
         default=DEFAULT_RESAMPLES,
         metavar="N",
-        help=f"bootstrap resamples for the intervals (default {DEFAULT_RESAMPLES}; at least 20)",
+        help=f"bootstrap resamples for the intervals (default {DEFAULT_RESAMPLES}; "
+        f"{MIN_RESAMPLES} to {MAX_RESAMPLES:,}); the time grows with runs x resamples",
+    )
+    fit.add_argument(
+        "--robust",
+        action="store_true",
+        help="leave out the runs whose residual in ln L lies over 3 scaled MADs from the "
+        "median, and fit again on the rest (the runs left out are named)",
     )
     fit.add_argument(
         "--seed", type=int, default=0, metavar="S", help="seed of the resampling (default 0)"
@@ -81,17 +96,19 @@ def _budget_options(fit: argparse.ArgumentParser) -> None:
     """`plan`'s budget options, kept when given before `fit` (KEEP)."""
     budget = fit.add_argument_group("a budget to plan (optional)")
     which = budget.add_mutually_exclusive_group()
-    which.add_argument("--budget-flops", type=COUNT, metavar="C", default=KEEP, help="in FLOPs")
+    which.add_argument(
+        "--budget-flops", type=BUDGET_FLOPS, metavar="C", default=KEEP, help="in FLOPs"
+    )
     which.add_argument(
         "--budget-gpu-hours",
-        type=COUNT,
+        type=BUDGET_GPU_HOURS,
         metavar="H",
         default=KEEP,
         help="in GPU-hours (needs --gpu or --instance)",
     )
     which.add_argument(
         "--budget-dollars",
-        type=COUNT,
+        type=BUDGET_DOLLARS,
         metavar="USD",
         default=KEEP,
         help="in USD (needs --instance)",
@@ -105,6 +122,21 @@ def _budget_options(fit: argparse.ArgumentParser) -> None:
     budget.add_argument(
         "--pricing", choices=("on-demand", "spot"), default=KEEP, help="for dollars (on-demand)"
     )
+
+
+def _resamples(text: str) -> int:
+    """--bootstrap: a whole number of resamples from MIN_RESAMPLES to MAX_RESAMPLES."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not (value.is_integer() and MIN_RESAMPLES <= value <= MAX_RESAMPLES):
+        raise argparse.ArgumentTypeError(
+            f"bootstrap must be at least {MIN_RESAMPLES} resamples and at most "
+            f"{MAX_RESAMPLES:,}, a whole number (the fit's time grows with runs x resamples), "
+            f"got {text!r}"
+        )
+    return int(value)
 
 
 def _run_fit(args: argparse.Namespace) -> int:
@@ -125,6 +157,8 @@ def _run_fit(args: argparse.Namespace) -> int:
         seed=args.seed,
         sources=found.sources,
         notes=found.notes,
+        robust=args.robust,
+        progress=lambda line: say("plan fit", line),
     )
     if args.out is not None:  # before predicting: a fit with no optimum is still worth keeping
         saved = save_fit(fit, args.out)
@@ -154,27 +188,35 @@ def _budget(args: argparse.Namespace) -> tuple[float | None, list[str]]:
     given = (args.budget_flops, args.budget_gpu_hours, args.budget_dollars)
     if all(v is None for v in given):
         return None, []
-    return budget_from_args(args, None if args.budget_flops is not None else load_catalog(args.catalog))
+    return budget_from_args(
+        args, None if args.budget_flops is not None else load_catalog(args.catalog)
+    )
 
 
 def own_fit(text: str) -> tuple[ScalingFit, str]:
     """`--fit FILE` (a saved fit) or `--fit DIR` (its scaling-fit.json if it has one, else the
     runs in it, fitted now with the defaults), and the short label its table row gets."""
+    from thrifty.console import say
     from thrifty.plan import lawfit
     from thrifty.plan.lawfile import load_fit
     from thrifty.plan.lawfit import fit_scaling_law
     from thrifty.plan.lawpoints import read_points
 
     path = Path(text)  # labels are short (a table cell); the fit's source has the whole path
-    if path.is_file():
+    if path.is_dir():
+        if (path / FIT_FILE).exists():  # load_fit refuses anything but a regular file
+            return load_fit(str(path / FIT_FILE)), f"{path.name}/{FIT_FILE}"
+    elif path.exists():
         return load_fit(text), path.name
-    if (path / FIT_FILE).is_file():
-        return load_fit(str(path / FIT_FILE)), f"{path.name}/{FIT_FILE}"
-    if not path.is_dir():
+    else:
         raise ConfigError(f"--fit {text}: no such file or folder")
     found = read_points([text])
     fitted = fit_scaling_law(
-        found.points, resamples=lawfit.DEFAULT_RESAMPLES, sources=found.sources, notes=found.notes
+        found.points,
+        resamples=lawfit.DEFAULT_RESAMPLES,
+        sources=found.sources,
+        notes=found.notes,
+        progress=lambda line: say("plan", line),
     )
     return fitted, f"{path.name}/ (fitted now)"
 
@@ -234,6 +276,8 @@ def print_fit_notes(out: Console, fit: ScalingFit) -> None:
     _line(out, "method", f"{METHOD}: {len(fit.samples)} resamples, seed {fit.seed}")
     for note in fit.notes:
         _line(out, "note", note)
+    for driver in fit.influence:
+        _line(out, "driven by", influence_line(fit, driver))
     iso = fit.isoflop
     if iso is None or iso.exponent is None:
         _line(out, "approach 2", f"not available: {iso.why if iso else 'no IsoFLOP groups'}")
@@ -247,6 +291,14 @@ def print_fit_notes(out: Console, fit: ScalingFit) -> None:
             f"approach 3 gives C^{fit.exponent:.3f} [{low:.3f}, {high:.3f}]; {fit.agreement()}",
         )
     out.print()
+
+
+def influence_line(fit: ScalingFit, driver: Influence) -> str:
+    """A run that drives the fit: what beta and the exponent a become without it."""
+    return (
+        f"{driver.source} (residual {driver.residual:+.3f} in ln L): without it beta "
+        f"{fit.law.beta:.3f} -> {driver.beta:.3f}, a {fit.exponent:.3f} -> {driver.exponent:.3f}"
+    )
 
 
 def allocation_table(label: str, p: Prediction, others: list[Allocation]) -> Table:

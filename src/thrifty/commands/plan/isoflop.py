@@ -4,9 +4,9 @@
         [--workers K] [--storage URL] [--set KEY=VALUE] [--dry-run] [--json]
 
 For each size of the knob and each FLOP budget, one run of D = C / (6N) tokens (N counted by
-building the model); the runs are the trials of a sweep in --out (thrifty.sweeps.isoflop), so
-a preempted run resumes and the same command continues the grid. Then `thrifty plan fit DIR`
-fits the law on them. Registering imports neither torch nor Optuna.
+building the model on the meta device, without allocating its weights); the runs are the
+trials of a sweep in --out (thrifty.sweeps.isoflop), so a preempted run resumes and the same
+command continues the grid. Then `thrifty plan fit DIR` fits the law on them. Registering imports neither torch nor Optuna.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ def register_isoflop(commands: argparse._SubParsersAction) -> None:
         "isoflop",
         help="lay out and run an IsoFLOP grid of CONFIG for `thrifty plan fit`",
         description="For each size of a knob of CONFIG's model and each FLOP budget, one run "
-        "trained on C / (6N) tokens (N counted by building the model, the tokens turned into "
-        "run.max_steps), run as a sweep in --out: spot-safe, resumable, several workers. Fit "
-        "the result with `thrifty plan fit DIR`.",
+        "trained on C / (6N) tokens (N counted by building the model without allocating it, the "
+        "tokens turned into run.max_steps), run as a sweep in --out: spot-safe, resumable, "
+        "several workers. Fit the result with `thrifty plan fit DIR`.",
     )
     parser.add_argument(
         "--size",
@@ -68,7 +68,9 @@ def run_isoflop_command(args: argparse.Namespace) -> int:
     try:
         budgets = [count(item) for item in args.flops.split(",")]
     except (ConfigError, ValueError):
-        raise ConfigError(f"--flops {args.flops!r}: give FLOP budgets, e.g. 1e13,3e13,1e14") from None
+        raise ConfigError(
+            f"--flops {args.flops!r}: give FLOP budgets, e.g. 1e13,3e13,1e14"
+        ) from None
     if args.workers < 1:
         raise ThriftyError(f"--workers {args.workers} is invalid: at least 1")
     runs = layout(args.config, key, sizes, budgets, args.overrides)
@@ -97,7 +99,9 @@ def run_isoflop_command(args: argparse.Namespace) -> int:
     except ImportError as exc:
         if "optuna" not in str(exc):
             raise
-        raise ThriftyError("thrifty plan isoflop runs a sweep: pip install 'thrifty[sweep]'") from None
+        raise ThriftyError(
+            "thrifty plan isoflop runs a sweep: pip install 'thrifty[sweep]'"
+        ) from None
     out = Path(args.out) if args.out else Path("runs") / f"isoflop-{Path(args.config).stem}"
     try:
         record = call_with_options(
