@@ -50,8 +50,11 @@ def _small_thread_count():
 # takes from the end of this one's queue, so the suite does not end on a long test with the
 # other worker idle.
 LONGEST_FIRST = (
+    "tests/integrations/test_spot_in_frameworks.py",
     "tests/distributed/test_distributed.py",
+    "tests/test_sweep_trust_outage.py",
     "tests/test_sweep.py",
+    "tests/test_sweep_trust_failures.py",
     "tests/fleet/test_restarts.py",
     "tests/test_tune_stop.py",
     "tests/distributed/test_your_data_ddp.py",
