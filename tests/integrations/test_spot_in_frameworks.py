@@ -164,3 +164,24 @@ def test_a_section_that_does_not_apply_is_one_line(config, line):
     with pytest.raises(ConfigError) as caught:
         load_sections(config, "transformers")
     assert str(caught.value).startswith(line), str(caught.value)
+
+
+def test_a_second_job_on_the_same_output_directory_is_refused_naming_the_first(tmp_path):
+    from thrifty.errors import ThriftyError
+    from thrifty.integrations.session import Session, load_sections
+
+    sections = load_sections({"spot": {"provider": "none"}}, "transformers")
+    first = Session(sections, tmp_path, framework="transformers")
+    first.begin(0)
+    try:
+        second = Session(sections, tmp_path, framework="transformers")
+        with pytest.raises(ThriftyError) as caught:
+            second.begin(0)
+        assert str(caught.value).startswith(f"run directory {tmp_path / 'thrifty'} is in use")
+        assert "give it another output directory" in str(caught.value)
+        assert f"pid {os.getpid()}" in str(caught.value)
+    finally:
+        first.end()
+    again = Session(sections, tmp_path, framework="transformers")  # released: the next takes it
+    again.begin(0)
+    assert again.end() == 0

@@ -267,7 +267,7 @@ def fit(
             )
         except BaseException:
             if callback.session is not None:
-                callback.session.watcher.stop()
+                callback.session.release()
             raise
         finally:
             trainer.callbacks.remove(callback)

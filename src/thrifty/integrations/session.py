@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from thrifty.checkpoint.storage import fsync_file
 from thrifty.config import TrainConfig, dump_toml, read_config_file
 from thrifty.errors import ConfigError
 from thrifty.measure.cost import CostMeter, LostWork
@@ -41,6 +42,7 @@ from thrifty.records.directory import read_metrics, write_json
 from thrifty.records.stop_signals import EXIT_PREEMPTED
 from thrifty.redact import redact_value
 from thrifty.run.forecast import cannot_reach
+from thrifty.run.lock import RunLock
 from thrifty.run.preemption import PreemptionWatcher
 from thrifty.run.saves import SaveInterval
 
@@ -111,7 +113,7 @@ def publish(path: Path, step: int, framework: str) -> None:
     files to disk, then write the manifest listing them with their sizes."""
     files = _files(path)
     for file in files.values():
-        _fsync(file)
+        fsync_file(str(file))
     record = {
         "format": MANIFEST_FORMAT,
         "framework": framework,
@@ -121,9 +123,9 @@ def publish(path: Path, step: int, framework: str) -> None:
     target = manifest_of(path)
     tmp = target.with_name(target.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
-    _fsync(tmp)
+    fsync_file(str(tmp))
     os.replace(tmp, target)
-    _fsync(target.parent)
+    fsync_file(str(target.parent))
 
 
 def manifest_of(path: Path) -> Path:
@@ -139,14 +141,6 @@ def _files(path: Path) -> dict[str, Path]:
         for f in sorted(path.rglob("*"))
         if f.is_file() and not f.is_symlink() and f.name != MANIFEST
     }
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def complete(path: Path) -> str | None:
@@ -235,6 +229,7 @@ class Session:
         self._published: dict[int, Path] = {}  # this attempt's saves, by step
         self._save_asked: float | None = None
         self._pending: list[dict[str, Any]] = []
+        self.lock: RunLock | None = None
         self._last = time.perf_counter()
 
     # --- before the first step -------------------------------------------------------------
@@ -247,6 +242,11 @@ class Session:
         self.peak = peak_flops_per_second
         self.interval.saved(resumed_step)
         if self.rank == 0:
+            # One writer per record: a second job on the same output directory stops here,
+            # naming the first (the kernel drops the lock of a process that dies).
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.lock = RunLock(self.run_dir, run_dir_fix="give it another output directory")
+            self.lock.acquire()
             self._open_record(resumed_step)
         self._at_begin = (self.samples, self.tokens)
         self.watcher.start()
@@ -429,6 +429,7 @@ class Session:
         if self.rank == 0:
             self.flush()
             self._write_summary(reason)
+        self.release()
         if reason == "preempted":
             log.warning(
                 "%s: preempted (%s) at step %d%s: run the same command to resume (exit code %d)",
@@ -440,6 +441,13 @@ class Session:
             )
             return EXIT_PREEMPTED
         return 1 if reason == "diverged" else 0
+
+    def release(self) -> None:
+        """Stop watching and let go of the record's lock (idempotent): the attempt is over."""
+        self.watcher.stop()
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def _write_summary(self, reason: str) -> None:
         wall = time.perf_counter() - self.fit_start

@@ -209,7 +209,7 @@ def fit(trainer: Any, config: Any = None, *, exit_on_stop: bool = True, **train_
             output = trainer.train(resume_from_checkpoint=resume, **train_kwargs)
         except BaseException:
             if callback.session is not None:
-                callback.session.watcher.stop()
+                callback.session.release()
             raise
         finally:
             trainer.remove_callback(callback)

@@ -38,13 +38,16 @@ def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> A
     return batch
 
 
-def _first_tensor(batch: Any) -> torch.Tensor | None:
+def _first_tensor(
+    batch: Any, accept: Callable[[torch.Tensor], bool] = lambda t: True
+) -> torch.Tensor | None:
+    """The first tensor of a (nested) batch that `accept` takes, in order."""
     if isinstance(batch, torch.Tensor):
-        return batch
+        return batch if accept(batch) else None
     values = batch.values() if isinstance(batch, Mapping) else batch
     if isinstance(values, (list, tuple)) or isinstance(batch, Mapping):
         for v in values:
-            found = _first_tensor(v)
+            found = _first_tensor(v, accept)
             if found is not None:
                 return found
     return None
@@ -76,15 +79,11 @@ def count_tokens(batch: Any) -> int:
 def _first_token_ids(batch: Any) -> torch.Tensor | None:
     """The first tensor of token ids in a (nested) batch: int32 or int64, (samples, positions).
     A uint8 image or a 1-D class label is none."""
-    if isinstance(batch, torch.Tensor):
-        return batch if batch.dim() == 2 and batch.dtype in (torch.int32, torch.int64) else None
-    values = batch.values() if isinstance(batch, Mapping) else batch
-    if isinstance(values, (list, tuple)) or isinstance(batch, Mapping):
-        for v in values:
-            found = _first_token_ids(v)
-            if found is not None:
-                return found
-    return None
+    return _first_tensor(batch, _is_token_ids)
+
+
+def _is_token_ids(tensor: torch.Tensor) -> bool:
+    return tensor.dim() == 2 and tensor.dtype in (torch.int32, torch.int64)
 
 
 IGNORE_INDEX = -100  # the label PyTorch's cross_entropy and transformers' losses leave out

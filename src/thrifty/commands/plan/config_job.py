@@ -11,6 +11,7 @@ whichever ends the run first. Units: FLOPs, samples, tokens, hours, USD.
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,9 +49,9 @@ def plan_config(args: argparse.Namespace, hardware: Hardware) -> Estimate:
     dtype = compute_dtype(config, set(hardware.gpu.peak_tflops))
     recompute = _recompute(config, work.notes)
     per_token = work.flops_per_sample / work.tokens_per_sample
-    probe = estimate(  # the throughput at this hardware and MFU: one token's time
+    priced = functools.partial(
+        estimate,
         work.params,
-        1.0,
         instance=hardware.instance,
         gpu=None if hardware.instance else hardware.gpu,
         count=hardware.count,
@@ -59,18 +60,8 @@ def plan_config(args: argparse.Namespace, hardware: Hardware) -> Estimate:
         recompute=recompute,
         flops_per_token=per_token,
     )
-    tokens = _tokens(work, probe.hours)
-    est = estimate(
-        work.params,
-        tokens,
-        instance=hardware.instance,
-        gpu=None if hardware.instance else hardware.gpu,
-        count=hardware.count,
-        dtype=dtype,
-        mfu=args.mfu,
-        recompute=recompute,
-        flops_per_token=per_token,
-    )
+    probe = priced(1.0)  # the throughput at this hardware and MFU: one token's time
+    est = priced(_tokens(work, probe.hours))
     est.assumptions[:0] = [f"config {args.config}", *work.notes]
     return est
 
