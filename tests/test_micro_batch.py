@@ -102,9 +102,9 @@ def test_auto_finds_the_largest_micro_batch_that_fits_and_trains_as_if_it_were_g
 
 
 def test_an_out_of_memory_error_mid_run_replays_the_window_with_the_same_update(tmp_path):
-    # Batches above 8 samples stop fitting after 5 forward passes (the FLOP count's and step
-    # 1's four): step 2 of micro 16 × 4 runs out of memory, logged after the one step done.
-    hit = Tight(limit=8, after=5)
+    # Batches above 8 samples stop fitting after 6 forward passes (the FLOP count's two and
+    # step 1's four): step 2 of micro 16 × 4 runs out of memory, logged after the one step done.
+    hit = Tight(limit=8, after=6)
     trainer = Trainer(hit, data(), config(tmp_path, "hit", 16))
     result = trainer.fit()
     never = Tight(limit=None)

@@ -67,14 +67,17 @@ def find_micro(
     device: torch.device,
     margin: float,
     agree: Callable[[bool], bool] = lambda fits: fits,
+    most: int | None = None,
 ) -> MicroSearch:
     """The largest candidate size whose step `try_step(micro)` fits, every rank agreeing
-    (`agree(fits)` is True only when it fits on every rank). Raises OutOfMemoryError when not
-    even one sample fits."""
+    (`agree(fits)` is True only when it fits on every rank), and at most `most` samples (all
+    there are to try). Raises OutOfMemoryError when not even one sample fits."""
     search = MicroSearch(chosen=0, margin=margin)
     limit = _memory_limit(device, margin)
     error: str | None = None
-    for micro in candidates(per_rank):
+    # Sizes dividing the per-process batch (the accumulation stays whole), even when fewer
+    # samples than it are there to try: the largest of those is then the cap.
+    for micro in [m for m in candidates(per_rank) if most is None or m <= most]:
         fits, peak, error = _fits(try_step, micro, device, limit)
         fits = agree(fits)
         search.tried.append(Trial(micro, fits, peak))
@@ -254,6 +257,52 @@ def scaled_count(per_sample: Any, micro: int) -> Any:
     )
 
 
+def extended_count(low: Any, high: Any, samples: int, micro: int) -> Any:
+    """The FLOP counts of `samples` and `samples + 1` samples (`low`, `high`), extended to
+    `micro` samples along the line through both: every figure, the FLOPs, operators and each
+    block's activations, exact also for what does not grow with the batch (a scalar loss, a
+    product of weights). Counts of at least two samples: one takes other paths in some
+    models (a squeezed batch dimension)."""
+    from dataclasses import replace
+
+    def line(at_low: float, at_high: float) -> float:
+        return at_low + (micro - samples) * (at_high - at_low)
+
+    def each(at_low: dict[str, int], at_high: dict[str, int]) -> dict[str, int]:
+        names = sorted(at_low.keys() | at_high.keys())
+        return {n: round(line(at_low.get(n, 0), at_high.get(n, 0))) for n in names}
+
+    return replace(
+        low,
+        flops=line(low.flops, high.flops),
+        ops=round(line(low.ops, high.ops)),
+        activation_bytes=round(line(low.activation_bytes, high.activation_bytes)),
+        block_bytes=each(low.block_bytes, high.block_bytes),
+        input_bytes=each(low.input_bytes, high.input_bytes),
+        head_bytes=round(line(low.head_bytes, high.head_bytes)),
+    )
+
+
+def cut_batch(batch: Any, samples: int, n: int) -> Any:
+    """The first `n` samples of a collated micro-batch of `samples`, cut from it (each keeps
+    the padded shape it has there), or None when a tensor of `batch` does not hold one row per
+    sample (a cut along its first dimension would mangle it)."""
+    if any(t.dim() and t.shape[0] != samples for t in _tensors(batch)):
+        return None
+    return _part(batch, 0, n)
+
+
+def _tensors(batch: Any) -> Iterator[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            yield from _tensors(value)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            yield from _tensors(value)
+
+
 def measure_micro(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -276,7 +325,6 @@ def measure_micro(
     from thrifty.levers.accumulation import to_device
 
     samples = _trial_samples(data, per_rank, stream)
-    per_rank = min(per_rank, len(samples))
 
     def step(micro: int) -> None:
         loss = call(to_device(collate(samples[:micro]), device))
@@ -286,7 +334,7 @@ def measure_micro(
 
     try:
         with Snapshot(model, optimizer):
-            search = find_micro(step, per_rank, device, margin, agree)
+            search = find_micro(step, per_rank, device, margin, agree, most=len(samples))
     except torch.OutOfMemoryError as exc:
         raise ThriftyError(out_of_memory_message(str(exc), device)) from None
     log.info(search.describe())

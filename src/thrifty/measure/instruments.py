@@ -59,15 +59,20 @@ def count_step_flops(
     collate_fn: Callable[[list[Any]], Any] | None,
     micro: int,
 ) -> Any:
-    """FLOPs and aten ops of one micro-batch's forward and backward, measured once on a real
-    micro-batch of `micro` samples; None when the breakdown is off or the model cannot be
-    traced. A micro-batch too large for the device (the training will halve it) is counted
-    on one sample and scaled: FLOPs and activations grow with the samples.
+    """FLOPs and aten ops of one micro-batch's forward and backward, counted once; None when
+    the breakdown is off or the model cannot be traced.
+
+    The count runs eager, before activation checkpointing and compile: at the full micro-batch
+    its step would peak far above the training's (a compiled step frees what it fuses; a
+    checkpointed one recomputes what it would keep), so it is made on the micro-batch's first
+    two samples and first three, and each figure follows the line through both
+    (`extended_count`): FLOPs and activations grow with the samples, a scalar loss does not.
+    Three samples that do not fit leave one, scaled.
 
     First, breakdown or not, the first micro-batch is collated as the loader will: a missing
     or failing collator is one line naming collate_fn (`thrifty.data.collating`)."""
     from thrifty.data.collating import collate_checked, collate_used
-    from thrifty.levers.micro_batch import free_memory, scaled_count
+    from thrifty.levers.micro_batch import cut_batch, free_memory
 
     collate, named = collate_used(data, collate_fn)
     samples = _first_samples(data, micro, auto=config.batch.micro == "auto")
@@ -80,18 +85,19 @@ def count_step_flops(
         with precision.autocast():
             return call_model(m, b, loss_fn)
 
+    size = min(micro, len(samples))  # a dataset smaller than the micro-batch is one batch
+
     def count(n: int) -> Any:
-        collated = batch if n == len(samples) else collate(samples[:n])
-        return measure_flops(model, to_device(collated, device), call, device=device, blocks=blocks)
+        # Cut from the micro-batch, each sample keeps its padded length there.
+        cut = cut_batch(batch, size, n) if len(samples) == size else None
+        part = batch if n == len(samples) else cut if cut is not None else collate(samples[:n])
+        return measure_flops(model, to_device(part, device), call, device=device, blocks=blocks)
 
     try:
         try:
-            return count(micro)
-        except torch.OutOfMemoryError:
-            if micro == 1:
-                raise
-        free_memory(device)  # out of the handler: the failed count's tensors are gone
-        return scaled_count(count(1), micro)
+            found = _small_count(count, size, device)
+        except ThriftyError as exc:
+            raise _as_the_batch_says(exc, lambda: call(model, to_device(batch, device))) from None
     except ThriftyError as exc:
         if collate_fn is None:
             raise
@@ -100,6 +106,46 @@ def count_step_flops(
     except Exception as exc:  # a model the FLOP counter cannot trace: MFU is then unknown
         log.warning("could not count the model's FLOPs (%s): MFU will not be reported", exc)
         return None
+    free_memory(device)  # the eager steps' cached blocks: the training's, not the set-up's
+    return found
+
+
+def _as_the_batch_says(error: ThriftyError, whole: Callable[[], Any]) -> ThriftyError:
+    """`error`, raised by the model on a few samples cut from the first micro-batch, in the
+    words the whole micro-batch gets (the shapes it names are then those of the user's
+    batches): `whole()` calls the model on it, without gradients (the run ends here; nothing
+    is kept for a backward). `error` itself when that call says nothing else."""
+    try:
+        with torch.no_grad():
+            whole()
+    except ThriftyError as said:
+        return said
+    except Exception:  # out of memory, say: the cut batch's words then
+        pass
+    return error
+
+
+# The counted sizes: the line through them gives every other (one sample takes other paths
+# in some models, a squeezed batch dimension).
+_COUNTED = 2
+
+
+def _small_count(count: Callable[[int], Any], micro: int, device: torch.device) -> Any:
+    """The count of `micro` samples from `count(n)`, a count of the first `n`, with n at most
+    three. Out of memory there: one sample, scaled; at one, the error goes on (the training
+    would not fit either)."""
+    from thrifty.levers.micro_batch import extended_count, free_memory, scaled_count
+
+    try:
+        if micro <= _COUNTED + 1:
+            return count(micro)
+        low = count(_COUNTED)
+        return extended_count(low, count(_COUNTED + 1), _COUNTED, micro)
+    except torch.OutOfMemoryError:
+        if micro == 1:
+            raise
+    free_memory(device)  # out of the handler: the failed count's tensors are gone
+    return scaled_count(count(1), micro)
 
 
 # Samples collated at set-up with batch.micro = "auto" (counted on one): enough to show
