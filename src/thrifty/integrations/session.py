@@ -305,8 +305,11 @@ class Session:
             # The newest record waits for the next boundary: the framework may log its loss.
             if len(self._pending) >= self.config.run.log_every:
                 self.flush()
+            # Seconds per phase, as a thrifty run records them: the data wait, and "other" for
+            # the framework's forward, backward and optimizer, which a callback cannot split.
+            phases = {"data_wait": data_seconds, "other": seconds - data_seconds}
             self._pending.append(
-                {"step": step, "loss": loss, "step_seconds": seconds, "data_seconds": data_seconds}
+                {"step": step, "loss": loss, "step_seconds": seconds, "breakdown": phases}
             )
 
     def logged(self, step: int, loss: float) -> None:
@@ -575,17 +578,12 @@ def _last_finite(values: list[float]) -> float | None:
     return next((v for v in reversed(values) if math.isfinite(v)), None)
 
 
-def _breakdown(data: float, compute: float, steps: int) -> dict[str, Any] | None:
+def _breakdown(data: float, compute: float, steps: int) -> dict[str, float] | None:
+    """Mean seconds per step of each phase, as a thrifty run's summary holds them ("other":
+    the framework's forward, backward and optimizer together)."""
     if steps <= 0:
         return None
-    total = data + compute
-    return {
-        "data_wait": {"ms_per_step": 1e3 * data / steps, "share": data / total if total else 0.0},
-        "compute": {
-            "ms_per_step": 1e3 * compute / steps,
-            "share": compute / total if total else 0.0,
-        },
-    }
+    return {"data_wait": data / steps, "other": compute / steps}
 
 
 def agreed(flag: bool) -> bool:
