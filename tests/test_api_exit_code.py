@@ -95,5 +95,6 @@ def test_exit_code_is_75_preempted_1_diverged_and_0_for_every_finished_stop():
         "early_stopping": 0,
         "forecast": 0,
         "pruned": 0,
+        "callback": 0,
         "data_exhausted": 0,
     }

@@ -21,6 +21,7 @@ def test_each_reason_is_the_word_it_always_was():
         "early_stopping",
         "forecast",
         "pruned",
+        "callback",
         "data_exhausted",
     ]
     assert [r.value for r in StopReason] == words
@@ -47,6 +48,8 @@ def test_the_winner_follows_the_declared_precedence():
     assert StopReason.decide("forecast", "early_stopping") is StopReason.EARLY_STOPPING
     assert StopReason.decide("pruned", "forecast") is StopReason.FORECAST
     assert StopReason.decide("max_steps", "pruned") is StopReason.MAX_STEPS
+    assert StopReason.decide("callback", "pruned") is StopReason.PRUNED  # thrifty's own first
+    assert StopReason.decide("data_exhausted", "callback") is StopReason.CALLBACK
     assert StopReason.decide(None, "data_exhausted") is StopReason.DATA_EXHAUSTED
     assert StopReason.decide() is None and StopReason.decide(None, None) is None
 

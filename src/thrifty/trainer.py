@@ -11,6 +11,7 @@ process group.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
+from thrifty.callbacks import Callback, Callbacks
+from thrifty.checkpoint.manifest import step_dir
 from thrifty.config import RunConfig, TrainConfig
 from thrifty.data.batching import TrainBatches, check_token_budget, starting_accumulation
 from thrifty.data.sources import is_stream
@@ -79,6 +82,10 @@ class Trainer:
     rule when `optimizer.reference_batch` is set, and scheduled: by `config.schedule`, or by
     `scheduler`, an LRScheduler built on that optimizer or a factory `optimizer -> LRScheduler`,
     stepped once per optimizer step in its place (thrifty.levers.user_scheduler).
+    `callbacks` are `thrifty.callbacks.Callback` instances, called in the order given at the
+    run's events (fit start, evaluation end, save, step end, stop, fit end): at a step's end
+    after thrifty's own budget, evaluation, guard and save; one may stop the run, add figures
+    to the step's record in metrics.jsonl, and vote with integers summed across the ranks.
 
     Under torchrun the Trainer joins the process group; `close()` leaves it (a `with` block
     does so on exit).
@@ -97,6 +104,7 @@ class Trainer:
         collate_fn: Callable[[list[Any]], Any] | None = None,
         sampler: Any = None,
         batch_sampler: Any = None,
+        callbacks: list[Callback] | None = None,
     ) -> None:
         self.config = cfg = config or TrainConfig(run=RunConfig(max_epochs=1))
         check_inputs(model, train_data, val_data, cfg, sampler=sampler, batch_sampler=batch_sampler)
@@ -108,6 +116,9 @@ class Trainer:
         self.checkpoint_status: dict[str, Any] | None = None  # the newest save, once fit() ends
         self.run_dir: Path | None = None
         self._fitted = False
+        # None without callbacks: the step then pays nothing for them.
+        self.callbacks = Callbacks(callbacks) if callbacks else None
+        self._stop_detail: str | None = None  # a callback's words for its stop
         # Under torchrun: join the process group; this rank's device is cuda:LOCAL_RANK.
         self.dist: Distributed
         self.dist, device = init_distributed(cfg.distributed, cfg.run.device)
@@ -235,7 +246,7 @@ class Trainer:
             self.budget,
             self.watch,
             self.checkpointer,
-            lambda: self.evaluate(),  # looked up when called: a subclass's, a patched one
+            lambda: self._evaluated(self.evaluate()),  # looked up when called: a subclass's
             validates=self.val_data is not None,
         )
         log_setup(self.dist, self.precision, self.micro, self.accumulation)
@@ -357,6 +368,8 @@ class Trainer:
         s = self.state
         try:
             stops.check(self._agreed)  # the checkpoint is loaded: still nothing to save
+            if self.callbacks:
+                self.callbacks.fit_start(self)
             finished = self.boundary.before_loop(stops)
             windows = self.batches.windows(s, self.dist) if finished is None else iter(())
             reason = StopReason.decide(finished, StopReason.DATA_EXHAUSTED)
@@ -390,13 +403,17 @@ class Trainer:
                 reason = (
                     StopReason.PREEMPTED if self.checkpointer.preempted else StopReason.DATA_ERROR
                 )
+            if self.callbacks:
+                self.callbacks.stop(s.step, reason)
             # A diverged run keeps its last good checkpoint as the newest.
-            final = reason.saves_final
-            if final and self.config.checkpoint.final:
+            final = reason.saves_final and self.config.checkpoint.final
+            if final:
                 self.checkpointer.save(final=True)
             self.dist.timeouts.end(self.dist.rank)  # rank 0 uploads while the others wait
             self.checkpoint_status = self.checkpointer.finish()
             self.dist.barrier()  # no rank leaves while rank 0 still writes the checkpoint
+            if final and self.callbacks and self.checkpointer.newest_step == s.step:
+                self.callbacks.save(s.step, self._save_location(s.step))
         except BaseException:
             self.checkpointer.abandon()
             raise
@@ -405,6 +422,8 @@ class Trainer:
             self.batches.close()
         facts = self._facts(reason, monitor)
         result = fit_result(facts, reason, monitor, time.perf_counter() - wall_start)
+        if reason is StopReason.CALLBACK:
+            result.stop_detail = self._stop_detail
         if self.dist.is_main:
             self.diagnosis = write_outputs(facts, result, monitor)
         if reason is StopReason.DATA_ERROR:
@@ -412,6 +431,8 @@ class Trainer:
                 f"the training data raised {self.batches.error} after step {s.step}, which is "
                 "saved: fix the source and run the same command to resume there"
             )
+        if self.callbacks:
+            self.callbacks.fit_end(result)
         return result
 
     def _facts(self, reason: StopReason, monitor: RunMonitor) -> RunFacts:
@@ -465,7 +486,9 @@ class Trainer:
             preemption notice, its clock, a save due."""
             out_of_time = self.budget.out_of_time(clock.seconds())
             due = self.checkpointer.due(s.step + 1)
-            return [samples, tokens, self.checkpointer.preempted, out_of_time, due]
+            word = [samples, tokens, self.checkpointer.preempted, out_of_time, due]
+            # The callbacks' votes ride on the same sum: no collective of their own.
+            return word + self.callbacks.vote(s.step + 1) if self.callbacks else word
 
         loss, grad_norm, skipped, heard = self.train_step.run(
             window, counts, timer, totals and totals[::2], say if self.dist.enabled else None
@@ -475,31 +498,73 @@ class Trainer:
         time_up = False
         if heard is not None:  # every rank's say, agreed on with the out-of-memory verdict
             samples, tokens = (totals or heard)[:2]
-            preempted, time_up, due = (n > 0 for n in heard[2:])
+            preempted, time_up, due = (n > 0 for n in heard[2:5])
         s.advance(samples, tokens, seconds, self.accumulation)
         self.dist.timeouts.step_done(s.step)
         reason = self.boundary.after_step(preempted, time_up, due, loss, skipped, monitor, clock)
-        monitor.add(
-            {
-                "step": s.step,
-                "loss": loss,
-                "grad_norm": grad_norm,
-                "skipped": skipped,
-                "lr": lr,
-                "samples": s.samples,
-                "tokens": s.tokens,
-                "step_seconds": time.perf_counter() - clock.step_start,
-                "samples_in_step": samples,
-                "tokens_in_step": tokens,
-            },
-            timer.finish(),
-        )
+        record = {
+            "step": s.step,
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "skipped": skipped,
+            "lr": lr,
+            "samples": s.samples,
+            "tokens": s.tokens,
+            "step_seconds": time.perf_counter() - clock.step_start,
+            "samples_in_step": samples,
+            "tokens_in_step": tokens,
+        }
         # A step saved is written out with its checkpoint, before the save (written in the
         # background) is published: a run killed after it resumes with that step's record.
         saved = self.checkpointer.newest_step == s.step
+        if self.callbacks:
+            votes = heard[5:] if heard is not None else None
+            reason = self._step_end(self.callbacks, record, votes, reason, saved)
+        monitor.add(record, timer.finish())
         if len(monitor.pending) >= cfg.run.log_every or reason is not None or saved:
             reason = StopReason.decide(self.watch.flush(monitor), reason)
         return reason
+
+    def _step_end(
+        self,
+        callbacks: Callbacks,
+        record: dict[str, Any],
+        votes: list[int] | None,
+        reason: StopReason | None,
+        saved: bool,
+    ) -> StopReason | None:
+        """The callbacks' part of the step's end, after thrifty's own: the save this step made,
+        then `on_step_end`, whose stop joins `reason`. `votes` is the ranks' sum of the
+        callbacks' votes (None with one process: this process's own are the sum)."""
+        step = self.state.step
+        if saved:
+            callbacks.save(step, self._save_location(step))
+        if votes is None:
+            votes = callbacks.vote(step)
+        asked = callbacks.step_end(step, record, votes)
+        if asked is None:
+            return reason
+        log.warning("a callback stops the run at step %d: %s", step, asked)
+        if self._stop_detail is None:
+            self._stop_detail = asked
+        return StopReason.decide(reason, StopReason.CALLBACK)
+
+    def _save_location(self, step: int) -> str | None:
+        """Where step `step`'s checkpoint is on this machine, once written (rank 0): a callback
+        that listens for saves waits for the background write; None on the other ranks."""
+        manager = self.checkpointer.manager
+        if manager is None:
+            return None
+        assert self.callbacks is not None
+        if self.callbacks.hears_saves:
+            manager.wait(uploads=False)
+        return os.path.join(manager.local_dir, step_dir(step))
+
+    def _evaluated(self, val_loss: float | None) -> float | None:
+        """An evaluation's loss, heard by the callbacks before thrifty judges it."""
+        if self.callbacks and self.val_data is not None:
+            self.callbacks.evaluation_end(self.state.step, val_loss)
+        return val_loss
 
     def evaluate(self) -> float | None:
         """Mean validation loss (weighted by samples, or tokens with a loss_mask), or None."""

@@ -82,6 +82,7 @@ class FitResult:
     # batch.micro = "auto": the sizes tried, whether each fitted, the one chosen.
     micro_batch_search: dict[str, Any] | None = None
     peak_memory_bytes: float | None = None  # the device's peak allocation (CUDA)
+    stop_detail: str | None = None  # stop_reason "callback": the callback's own words
 
     @property
     def exit_code(self) -> int:

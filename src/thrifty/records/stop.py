@@ -17,6 +17,8 @@ one place that applies it:
 - EARLY_STOPPING, FORECAST, PRUNED: an evaluation's verdict; the budget spent at the same
   step wins, and the forecast is not consulted once early stopping has stopped the run, nor a
   sweep's pruner (`thrifty.run.judge`) once either has.
+- CALLBACK: a user's callback asked to stop (`thrifty.callbacks`); it is called after
+  thrifty's own decisions at the step, so any of the above at the same step wins.
 - DATA_EXHAUSTED: the data ran out with nothing else said.
 
 When the data raised, the Trainer does not choose among reasons: the stop is PREEMPTED where a
@@ -42,6 +44,7 @@ class StopReason(str, enum.Enum):
     EARLY_STOPPING = "early_stopping"
     FORECAST = "forecast"
     PRUNED = "pruned"
+    CALLBACK = "callback"
     DATA_EXHAUSTED = "data_exhausted"
 
     # The word itself wherever it is printed: Python 3.11 formats a mixed-in enum as
