@@ -252,8 +252,10 @@ def test_a_sigint_to_the_tune_stops_it_like_a_sigterm(tmp_path):
 def test_a_sigterm_to_every_process_of_the_job_keeps_the_trial_for_the_resume(tmp_path):
     # A scheduler that signals every process of the job (Slurm's scancel) reaches the trial
     # too: its end is part of the stop, not a result. Made certain by holding the tune still
-    # until the trial has died of its own SIGTERM.
-    tune = Tune(tmp_path, slow_at="8:600")
+    # until the trial has died of its own SIGTERM. It sleeps in its set-up, in the FLOP
+    # count's step of three samples, where a stop signal ends a run at once (in a training
+    # step it would wait for the step's end).
+    tune = Tune(tmp_path, slow_at="3:600")
     trial = tune.trial_sleeping("00-baseline")
     os.kill(tune.proc.pid, signal.SIGSTOP)
     os.kill(trial, signal.SIGTERM)
