@@ -24,7 +24,10 @@ def test_the_killed_and_resumed_run_is_one_row_whose_dollars_are_its_two_parts(t
     killed = [r for r in team.killed_before_resume if "cost" in r]
     first = (killed[-1]["cost"]["elapsed_seconds"] + killed[-1]["cost"]["overhead_seconds"]) * rate
     second = summary["wall_seconds"] * rate
-    assert job.usd == pytest.approx(first + second, rel=0.02)
+    # Within 2%, or 50 ms of billing on this sub-second job: the resumed attempt takes the
+    # training clock kept from its checkpoint, read a few ms apart from the killed attempt's
+    # last record (8 ms on a busy machine, 2.2% of these 0.37 s).
+    assert job.usd == pytest.approx(first + second, rel=0.02, abs=0.05 * rate)
     assert job.usd == pytest.approx(summary["cost"]["usd"])
     # What the kill threw away is shown apart: the steps past the checkpoint, redone.
     redone = killed[-1]["step"] - 40
