@@ -233,7 +233,10 @@ class TrainBatches:
             return None
         except Exception as exc:
             self.error = self._describe(exc)
-            log.error("the training data raised %s", self.error)
+            try:
+                log.error("the training data raised %s", self.error)
+            except RuntimeError:  # torch's SIGCHLD handler raised the worker's loss mid-line
+                log.error("the training data raised %s", self.error)
             return None
 
     def _describe(self, exc: Exception) -> str:
