@@ -8,9 +8,13 @@ installed here. Registering only builds the parser; the handler imports the rest
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from thrifty.commands.plan.options import COUNT, FRACTION
 from thrifty.console import add_config_options, add_output_options
+
+if TYPE_CHECKING:
+    from thrifty.fleet.request import LaunchRequest
 
 
 def _positive_int(text: str) -> int:
@@ -96,8 +100,38 @@ def _cost_options(parser: argparse.ArgumentParser) -> None:
     cost.add_argument("--mfu", type=FRACTION, metavar="F", help="0-1 (default 0.35)")
 
 
+def launch_request(args: argparse.Namespace) -> LaunchRequest:
+    """The typed request `thrifty.fleet` runs, from the parsed command line."""
+    from thrifty.fleet.request import CostFigures, LaunchRequest
+
+    return LaunchRequest(
+        config=args.config,
+        overrides=tuple(args.overrides),
+        gpus=args.gpus,
+        nodes=args.nodes,
+        spot=args.spot,
+        bucket=args.bucket,
+        engine=args.engine,
+        dry_run=args.dry_run,
+        out=args.out,
+        overwrite=args.overwrite,
+        max_restarts=args.max_restarts,
+        time=args.time,
+        sweep=args.sweep,
+        storage=args.storage,
+        study=args.study,
+        cost=CostFigures(
+            instance=args.instance,
+            params=args.params,
+            tokens=args.tokens,
+            seq=args.seq,
+            mfu=args.mfu,
+        ),
+    )
+
+
 def run_launch(args: argparse.Namespace) -> int:
     """Print the cost, then print (--dry-run), write, or write and submit the job file."""
     from thrifty.fleet.launching import run
 
-    return run(args)
+    return run(launch_request(args))

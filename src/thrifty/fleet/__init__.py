@@ -1,6 +1,7 @@
 """Spot fleets: the job files `thrifty launch` writes from a thrifty config.
 
-`job` turns the config and the command line into a `FleetJob`; `skypilot` and `slurm` write
+`request` holds what `thrifty launch` asks for (`LaunchRequest`); `launching` runs it;
+`job` turns the config and the request into a `FleetJob`; `skypilot` and `slurm` write
 it as each engine's own job description, every value quoted (`shell`) and every secret
 passed in an environment variable instead (`credentials`); `wheel` ships the running thrifty
 to SkyPilot's machines; `files` writes them, replacing only what launch wrote; `agent` is

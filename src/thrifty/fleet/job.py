@@ -1,5 +1,5 @@
 """A fleet job: what every engine's job file says, read from the thrifty config and the
-command line of `thrifty launch`.
+request of `thrifty launch` (`LaunchRequest`).
 
 The job is the same whatever runs it: N nodes of K GPUs, each starting thrifty's node agent
 (`python -m thrifty.fleet.agent`, torch's elastic agent with the preempted exit code kept),

@@ -1,5 +1,5 @@
-"""`thrifty launch` from parsed arguments to a submitted job: check the input, print the cost,
-then print, write, or write and submit the engine's job file.
+"""`thrifty launch` from its `LaunchRequest` to a submitted job: check the input, print the
+cost, then print, write, or write and submit the engine's job file.
 
 Every check runs before anything is printed or written, so bad input is one line and exit
 code 2 with nothing left behind.
@@ -7,7 +7,6 @@ code 2 with nothing left behind.
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 import sys
@@ -29,94 +28,95 @@ from thrifty.fleet.job import (
     requirements_beside,
     storage_extra,
 )
+from thrifty.fleet.request import LaunchRequest
 from thrifty.redact import redact_text
 
 SUFFIX = {"skypilot": ".sky.yaml", "slurm": ".sbatch"}
 
 
-def run(args: argparse.Namespace) -> int:
+def run(request: LaunchRequest) -> int:
     """The whole command; returns its exit code (the engine's, once submitted)."""
-    config = load_config(args.config, parse_set_args(args.overrides))
+    config = load_config(request.config, parse_set_args(request.overrides))
     cwd = Path.cwd()
-    job = build_job(args, config, cwd)
-    out = out_path(args)
-    if not args.dry_run:
-        check_job_file(out, args.overwrite)
-        if args.engine == "skypilot":
+    job = build_job(request, config, cwd)
+    out = out_path(request)
+    if not request.dry_run:
+        check_job_file(out, request.overwrite)
+        if request.engine == "skypilot":
             skypilot.sky_executable()  # SkyPilot missing: the one line with its install
             wheel.check_ship(cwd)
-    text = job_text(job, args.engine)
-    if not args.dry_run and args.engine == "skypilot":
+    text = job_text(job, request.engine)
+    if not request.dry_run and request.engine == "skypilot":
         _ship(cwd)
-    print_cost(args, job, config)
-    if args.dry_run:
+    print_cost(request, job, config)
+    if request.dry_run:
         print(f"\n--- {out} (not written: --dry-run) ---")
         sys.stdout.write(text)
         return 0
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, text.encode(), 0o755 if args.engine == "slurm" else 0o644)
-    return _submit(args.engine, out, job)
+    write_atomic(out, text.encode(), 0o755 if request.engine == "slurm" else 0o644)
+    return _submit(request.engine, out, job)
 
 
-def build_job(args: argparse.Namespace, config: TrainConfig, cwd: Path) -> FleetJob:
-    """The job from the command line and the config; raises one line for bad input."""
+def build_job(request: LaunchRequest, config: TrainConfig, cwd: Path) -> FleetJob:
+    """The job from the request and the config; raises one line for bad input."""
     from thrifty.plan.catalog import load_catalog
 
     catalog = load_catalog(config.cost.catalog)
     names = [gpu.name for gpu in catalog.gpus.values()]
-    gpus = parse_gpus(args.gpus, names, catalog.gpu)
-    if args.instance is not None:  # checked here, before the cost, which only prints
-        pick_instance(catalog, gpus.name, gpus.per_node, args.instance)
-    if args.max_restarts < 0:
-        raise ConfigError(f"--max-restarts {args.max_restarts} is invalid: give 0 or more")
-    rel = relative_config(args.config, cwd)
-    sweep = sweep_job(args, config, cwd)
-    check_bucket(args.bucket, args.engine)
+    gpus = parse_gpus(request.gpus, names, catalog.gpu)
+    if request.cost.instance is not None:  # checked here, before the cost, which only prints
+        pick_instance(catalog, gpus.name, gpus.per_node, request.cost.instance)
+    if request.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {request.max_restarts} is invalid: give 0 or more")
+    rel = relative_config(request.config, cwd)
+    sweep = sweep_job(request, config, cwd)
+    check_bucket(request.bucket, request.engine)
     # A sweep's nodes share only the study: one that dies leaves its trials to the others,
     # which resume them from a bucket and start them again without one. A SkyPilot spot
     # relaunch is always a new machine: its trials' saves must be in a bucket.
-    nodes = 1 if sweep is not None else args.nodes
-    check_storage(nodes, args.bucket or config.checkpoint.location, args.engine, args.spot)
+    nodes = 1 if sweep is not None else request.nodes
+    check_storage(nodes, request.bucket or config.checkpoint.location, request.engine, request.spot)
     workers = config.data.num_workers
     return FleetJob(
         name=job_name(config.run.name),
         config=rel,
         gpus=gpus,
-        nodes=args.nodes,
-        spot=args.spot,
-        location=args.bucket,
-        overrides=tuple(args.overrides),
+        nodes=request.nodes,
+        spot=request.spot,
+        location=request.bucket,
+        overrides=request.overrides,
         requirements=requirements_beside(rel, cwd),
         signals=tuple(config.spot.signals),
         upload_deadline=config.checkpoint.upload_deadline_seconds,
-        max_restarts=args.max_restarts,
-        time_limit=None if args.time is None else parse_duration(args.time, "--time"),
-        storage_extra=storage_extra(args.bucket or config.checkpoint.location),
+        max_restarts=request.max_restarts,
+        time_limit=None if request.time is None else parse_duration(request.time, "--time"),
+        storage_extra=storage_extra(request.bucket or config.checkpoint.location),
         loader_workers=None if workers == "auto" else int(workers),
         sweep=sweep,
     )
 
 
-def sweep_job(args: argparse.Namespace, config: TrainConfig, cwd: Path) -> SweepJob | None:
+def sweep_job(request: LaunchRequest, config: TrainConfig, cwd: Path) -> SweepJob | None:
     """`--sweep SPACE.toml`: one sweep worker per node (None without it). With --bucket each
     trial checkpoints to a folder of its own there (`thrifty.sweeps.trial`); more than one
     node needs --storage, the study they share."""
-    given = getattr(args, "sweep", None)
+    given = request.sweep
     if given is None:
-        if getattr(args, "storage", None) or getattr(args, "study", None):
+        if request.storage or request.study:
             raise ConfigError("--storage and --study are a sweep's: give --sweep SPACE.toml too")
         return None
     if not Path(given).is_file():
         raise ConfigError(f"--sweep {given}: no such file; give the sweep's SPACE.toml")
-    if args.nodes > 1 and not args.storage:
+    if request.nodes > 1 and not request.storage:
         raise ConfigError(
-            f"--nodes {args.nodes} with --sweep needs --storage URL: the study the nodes share "
+            f"--nodes {request.nodes} with --sweep needs --storage URL: the study the nodes share "
             "(e.g. postgresql://user:pass@host/db); without it each node would sweep alone"
         )
-    study = check_study_name(args.study, config.run.name)
+    study = check_study_name(request.study, config.run.name)
     return SweepJob(
         space=relative_config(given, cwd),
-        storage=args.storage,
+        storage=request.storage,
         study=study,
         out=f"runs/sweep-{study}",
     )
@@ -142,16 +142,16 @@ def check_study_name(given: str | None, run_name: str) -> str:
     return name
 
 
-def print_cost(args: argparse.Namespace, job: FleetJob, config: TrainConfig) -> None:
+def print_cost(request: LaunchRequest, job: FleetJob, config: TrainConfig) -> None:
     """The planner's estimate for the job, before anything is submitted."""
     from thrifty.fleet.cost import cost_lines, fleet_cost, job_work
 
     work = job_work(
         config,
         job.nodes * job.gpus.per_node,
-        params=args.params,
-        tokens=args.tokens,
-        seq=args.seq,
+        params=request.cost.params,
+        tokens=request.cost.tokens,
+        seq=request.cost.seq,
     )
     try:
         cost = fleet_cost(
@@ -160,8 +160,8 @@ def print_cost(args: argparse.Namespace, job: FleetJob, config: TrainConfig) -> 
             gpu=job.gpus.name,
             per_node=job.gpus.per_node,
             nodes=job.nodes,
-            instance=args.instance,
-            mfu=args.mfu,
+            instance=request.cost.instance,
+            mfu=request.cost.mfu,
         )
     except ThriftyError as exc:  # a figure the planner refuses: the job may still run
         print(f"Cost: no estimate ({redact_text(str(exc))})")
@@ -183,12 +183,12 @@ def job_text(job: FleetJob, engine: str) -> str:
     )
 
 
-def out_path(args: argparse.Namespace) -> Path:
+def out_path(request: LaunchRequest) -> Path:
     """--out, or `<config>.sky.yaml` / `<config>.sbatch` beside the config."""
-    if args.out is not None:
-        return Path(args.out)
-    config = Path(args.config)
-    return config.with_name(config.stem + SUFFIX[args.engine])
+    if request.out is not None:
+        return Path(request.out)
+    config = Path(request.config)
+    return config.with_name(config.stem + SUFFIX[request.engine])
 
 
 def _ship(cwd: Path) -> None:

@@ -109,7 +109,9 @@ def _placement(job: FleetJob) -> list[str]:
     """Where the job's processes start: a sweep worker on every node, or rank 0 and the
     rendezvous on the first node."""
     if job.sweep is not None:
-        return ["# One sweep worker on every node, a trial per GPU, all taking trials from one study."]
+        return [
+            "# One sweep worker on every node, a trial per GPU, all taking trials from one study."
+        ]
     return [
         "# Rank 0 and the rendezvous are on the first node of the allocation.",
         'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
