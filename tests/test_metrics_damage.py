@@ -15,7 +15,7 @@ import torch
 from helpers import TokenDataset, tiny_gpt
 from test_resume import SigtermAt, config
 from thrifty import Trainer
-from thrifty.measure.cost import lost_work_before_resume
+from thrifty.measure.resume_loss import lost_work_before_resume
 from thrifty.records.directory import read_metrics, truncate_metrics
 
 DAMAGE = {

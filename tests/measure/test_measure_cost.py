@@ -7,13 +7,8 @@ from pathlib import Path
 import pytest
 
 from thrifty.errors import ConfigError, ThriftyError
-from thrifty.measure.cost import (
-    CostConfig,
-    CostMeter,
-    LostWork,
-    lost_work,
-    lost_work_before_resume,
-)
+from thrifty.measure.cost import CostConfig, CostMeter
+from thrifty.measure.resume_loss import LostWork, lost_work, lost_work_before_resume
 from thrifty.plan.catalog import load_catalog
 
 CATALOG = """

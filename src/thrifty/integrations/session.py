@@ -17,10 +17,10 @@ time of every attempt, from `fit()` to its end, at the price of the whole job; a
 killed without a word is billed to its last record, and the steps it trained past the
 checkpoint the next attempt resumes from are its wasted seconds.
 
-A checkpoint is trusted only with its manifest (`MANIFEST`): written after the framework's
-save returned, listing every file with its size, each file flushed to disk first. A folder
-without one, or whose files do not match it, is a save cut short: it is never resumed from
-and never deleted (it is the framework's), and one line says so.
+A checkpoint is trusted only with its manifest (`thrifty.integrations.manifest`): written after
+the framework's save returned, listing every file with its size, each file flushed to disk
+first. A folder without one, or whose files do not match it, is a save cut short: it is never
+resumed from and never deleted (it is the framework's), and one line says so.
 """
 
 from __future__ import annotations
@@ -30,14 +30,25 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from thrifty.checkpoint.storage import fsync_file
 from thrifty.config import TrainConfig, dump_toml, read_config_file
 from thrifty.errors import ConfigError
-from thrifty.measure.cost import CostMeter, LostWork
+from thrifty.integrations.manifest import manifest_of, publish
+from thrifty.integrations.manifest import (
+    newest_complete as newest_complete,
+)  # lent to the frameworks' modules
+from thrifty.integrations.record import (
+    figure,
+    last_finite,
+    lost_work,
+    read_summary,
+    rewrite_records,
+    step_breakdown,
+)
+from thrifty.measure.cost import CostMeter
 from thrifty.records.directory import read_metrics, write_json
 from thrifty.records.stop_signals import EXIT_PREEMPTED
 from thrifty.redact import redact_value
@@ -48,8 +59,6 @@ from thrifty.run.saves import SaveInterval
 
 log = logging.getLogger("thrifty")
 
-MANIFEST = "thrifty-manifest.json"
-MANIFEST_FORMAT = "thrifty-integration/1"
 RECORD_DIR = "thrifty"
 # The sections that act inside another framework's loop; the rest (batch, precision,
 # optimizer, ...) are the framework's own settings there.
@@ -103,78 +112,6 @@ def _refuse_what_does_not_apply(data: Mapping[str, Any], framework: str, given: 
                 f"its own output directory; thrifty takes checkpoint."
                 f"{', checkpoint.'.join(_CHECKPOINT_KEYS)} there"
             )
-
-
-# --- checkpoints -----------------------------------------------------------------------------
-
-
-def publish(path: Path, step: int, framework: str) -> None:
-    """Make the framework's checkpoint at `path` (a folder, or one file) trusted: flush its
-    files to disk, then write the manifest listing them with their sizes."""
-    files = _files(path)
-    for file in files.values():
-        fsync_file(str(file))
-    record = {
-        "format": MANIFEST_FORMAT,
-        "framework": framework,
-        "step": step,
-        "files": {name: file.stat().st_size for name, file in files.items()},
-    }
-    target = manifest_of(path)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    fsync_file(str(tmp))
-    os.replace(tmp, target)
-    fsync_file(str(target.parent))
-
-
-def manifest_of(path: Path) -> Path:
-    """Where the manifest of a checkpoint folder (inside it) or file (beside it) is."""
-    return path / MANIFEST if path.is_dir() else path.with_name(path.name + ".json")
-
-
-def _files(path: Path) -> dict[str, Path]:
-    if not path.is_dir():
-        return {path.name: path}
-    return {
-        str(f.relative_to(path)): f
-        for f in sorted(path.rglob("*"))
-        if f.is_file() and not f.is_symlink() and f.name != MANIFEST
-    }
-
-
-def complete(path: Path) -> str | None:
-    """None when `path` is a complete checkpoint (its manifest matches its files), else why
-    not, in words."""
-    try:
-        record = json.loads(manifest_of(path).read_text())
-        files = record["files"]
-        if record.get("format") != MANIFEST_FORMAT or not isinstance(files, dict):
-            return "its manifest is not thrifty's"
-    except FileNotFoundError:
-        return "it has no manifest (a save cut short, or one written without thrifty)"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "its manifest is damaged"
-    root = path if path.is_dir() else path.parent
-    for name, size in files.items():
-        file = root / name
-        try:
-            if file.stat().st_size != size:
-                return f"{name} is {file.stat().st_size} bytes, not the {size} saved"
-        except OSError:
-            return f"{name} is missing"
-    return None
-
-
-def newest_complete(candidates: Iterable[tuple[int, Path]]) -> Path | None:
-    """The complete checkpoint of the highest step among (step, path); one line for each
-    newer one passed over."""
-    for _, path in sorted(candidates, key=lambda c: c[0], reverse=True):
-        why = complete(path)
-        if why is None:
-            return path
-        log.warning("checkpoint %s is not resumed from: %s", path, why)
-    return None
 
 
 # --- the session -----------------------------------------------------------------------------
@@ -263,19 +200,19 @@ class Session:
         (self.run_dir / "config.toml").write_text(dump_toml(tables))
         metrics = self.run_dir / "metrics.jsonl"
         records = read_metrics(metrics) if metrics.is_file() else []
-        lost, kept = _lost_work(records, resumed_step, _read_summary(self.run_dir))
+        lost, kept = lost_work(records, resumed_step, read_summary(self.run_dir))
         self.resumed_seconds = lost.resumed_seconds
         last: dict[str, Any] = next(
             (r for r in reversed(kept) if "samples" in r and "event" not in r), {}
         )
-        self.samples = int(_figure(last, "samples", 0))
-        self.tokens = int(_figure(last, "tokens", 0))
+        self.samples = int(figure(last, "samples", 0))
+        self.tokens = int(figure(last, "tokens", 0))
         if self.meter is not None:
             self.meter.add_wasted(lost)
             self.meter.update(self.resumed_seconds)
         if records or resumed_step:
             kept.append({"event": "resumed", "step": resumed_step, **lost.to_record()})
-            _rewrite(metrics, kept)
+            rewrite_records(metrics, kept)
             log.info("%s: resumed at step %d", self.framework, resumed_step)
 
     # --- at each step boundary -------------------------------------------------------------
@@ -467,13 +404,13 @@ class Session:
             "steps": self.step,
             "samples": self.samples,
             "tokens": self.tokens,
-            "train_loss": _last_finite(self.losses),
+            "train_loss": last_finite(self.losses),
             "val_loss": self.val_losses[-1] if self.val_losses else None,
             "wall_seconds": wall,
             "training_seconds": self.resumed_seconds + seconds,
             **rates,
             "world_size": self.world_size,
-            "breakdown": _breakdown(
+            "breakdown": step_breakdown(
                 self.data_seconds, self.compute_seconds, self.step - self.first_step
             ),
             "cost": cost.to_dict() if cost is not None else None,
@@ -509,81 +446,6 @@ def _meter(config: TrainConfig, world_size: int) -> CostMeter | None:
     if cost.instance is None and cost.usd_per_gpu_hour is None:
         return None
     return CostMeter.from_config(cost, world_size=world_size)
-
-
-def _lost_work(
-    records: list[dict[str, Any]], resumed_step: int, summary: Mapping[str, Any] | None
-) -> tuple[LostWork, list[dict[str, Any]]]:
-    """What earlier attempts paid that the checkpoint of `resumed_step` does not hold, and the
-    records kept (those up to that step). The `resumed` events and summary.json carry the
-    totals so far; the training seconds of the steps recorded past the checkpoint are thrown
-    away now."""
-    kept = [r for r in records if "event" in r or _step(r) <= resumed_step]
-    wasted, redone, overhead = 0.0, 0, 0.0
-    for record in records:
-        if record.get("event") == "resumed":
-            wasted = _figure(record, "wasted_seconds", wasted)
-            redone = int(_figure(record, "redone_steps", redone))
-            overhead = max(overhead, _figure(record, "overhead_seconds", 0.0))
-        cost = record.get("cost")
-        if isinstance(cost, dict):
-            overhead = max(overhead, _figure(cost, "overhead_seconds", 0.0))
-    cost = (summary or {}).get("cost")
-    if isinstance(cost, dict):
-        overhead = max(overhead, _figure(cost, "overhead_seconds", 0.0))
-    at_resume, last = _elapsed(kept), _elapsed(records)
-    past = max([_step(r) for r in records if "event" not in r], default=resumed_step)
-    thrown = max(0.0, last - at_resume)
-    return LostWork(
-        wasted + thrown, redone + max(0, past - resumed_step), overhead, at_resume
-    ), kept
-
-
-def _step(record: Mapping[str, Any]) -> int:
-    step = record.get("step")
-    return step if isinstance(step, int) and not isinstance(step, bool) else 0
-
-
-def _figure(data: Mapping[str, Any], key: str, default: float) -> float:
-    value = data.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return default
-    return float(value) if math.isfinite(value) and value >= 0 else default
-
-
-def _elapsed(records: list[dict[str, Any]]) -> float:
-    """The training clock of the last record with a cost snapshot (0 without one)."""
-    for record in reversed(records):
-        cost = record.get("cost")
-        if isinstance(cost, dict) and "event" not in record:
-            return _figure(cost, "elapsed_seconds", 0.0)
-    return 0.0
-
-
-def _read_summary(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    os.replace(tmp, path)
-
-
-def _last_finite(values: list[float]) -> float | None:
-    return next((v for v in reversed(values) if math.isfinite(v)), None)
-
-
-def _breakdown(data: float, compute: float, steps: int) -> dict[str, float] | None:
-    """Mean seconds per step of each phase, as a thrifty run's summary holds them ("other":
-    the framework's forward, backward and optimizer together)."""
-    if steps <= 0:
-        return None
-    return {"data_wait": data / steps, "other": compute / steps}
 
 
 def agreed(flag: bool) -> bool:

@@ -11,6 +11,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from thrifty.commands.plan.pricing import (
+    commitment_section,
+    hours_section,
+    priced_hardware,
+    rate_given,
+    spot_plan,
+    spot_section,
+    usd_per_hour,
+)
 from thrifty.errors import ConfigError
 from thrifty.plan.catalog import Catalog, load_catalog
 from thrifty.plan.estimate import (
@@ -63,7 +72,7 @@ def run_plan(args: argparse.Namespace) -> int:
                 "--hours prices hours of work on an instance: give it without a model "
                 "(--params, a shape) or a budget, or give those without --hours"
             )
-        _hours_section(args, catalog, sections)
+        hours_section(args, catalog, sections)
         _print(args, sections)
         return 0
     if model is None and not budget:
@@ -99,7 +108,7 @@ def _config_sections(args: argparse.Namespace, catalog: Catalog, sections: Secti
             "--gpu NAME (e.g. A10G, priced on the cheapest catalog instance with it)"
         )
     if args.instance is not None:
-        hardware = _priced_hardware(args, catalog, "pricing a config")
+        hardware = priced_hardware(args, catalog, "pricing a config")
     else:
         hardware = priced_gpu(args.gpu, args.count, catalog)
     est = plan_config(args, hardware)
@@ -107,8 +116,8 @@ def _config_sections(args: argparse.Namespace, catalog: Catalog, sections: Secti
     if hardware.instance is None:
         return
     if hardware.instance.spot_per_hour is not None:
-        sections.add("spot", _spot_plan(args, hardware, est.hours, default_bucket="5-10%"))
-    _commitment_section(args, hardware, est.hours, sections)
+        sections.add("spot", spot_plan(args, hardware, est.hours, default_bucket="5-10%"))
+    commitment_section(args, hardware, est.hours, sections)
 
 
 def _model(args: argparse.Namespace) -> float | ModelShape | None:
@@ -148,7 +157,7 @@ def _job_sections(
         instance=args.instance, gpu=args.gpu, count=args.count, catalog=catalog
     )
     tokens = _tokens(args)
-    if tokens is None and (_rate_given(args) or args.levers):
+    if tokens is None and (rate_given(args) or args.levers):
         what = "--levers" if args.levers else "spot economics"
         raise ConfigError(f"{what} need the job's length: add --tokens (or --steps/--batch/--seq)")
     est = None
@@ -167,7 +176,7 @@ def _job_sections(
         sections.add("estimate", est)
     _memory_section(args, catalog, model, hardware, sections)
     _scaling_section(args, model, hardware, sections)
-    spot = _spot_section(args, hardware, est, sections)
+    spot = spot_section(args, hardware, est, sections)
     if args.levers:
         _levers_section(args, model, hardware, est, spot, sections)
 
@@ -260,170 +269,6 @@ def _nodes(hardware: Hardware) -> tuple[int, int, str]:
     return nodes, per_node, f"--gpu without an instance: nodes of at most {size} GPUs, {domain}"
 
 
-def _rate_given(args: argparse.Namespace) -> bool:
-    return any(v is not None for v in (args.interruptions_per_hour, args.mtbi_hours, args.advisor))
-
-
-def _spot_section(
-    args: argparse.Namespace, hardware: Hardware, est: Estimate | None, sections: Sections
-) -> SpotPlan | None:
-    if est is None or not _rate_given(args):
-        return None
-    if hardware.instance is None or hardware.instance.spot_per_hour is None:
-        name = hardware.instance.name if hardware.instance else hardware.gpu.name
-        raise ConfigError(
-            f"spot economics need a spot price: {name} has none in the catalog; "
-            "choose a spot-priced --instance (see 'thrifty prices --instances')"
-        )
-    plan = _spot_plan(args, hardware, est.hours)
-    sections.add("spot", plan)
-    return plan
-
-
-def _hours_section(args: argparse.Namespace, catalog: Catalog, sections: Sections) -> None:
-    """`--hours H` on `--instance NAME` (or on the cheapest catalog instance with `--count`
-    GPUs `--gpu`): H hours of work priced on-demand, on spot with the interruptions the rate
-    given (or the 5-10% advisor bucket) makes expected, and under each commitment."""
-    hardware = _priced_hardware(args, catalog, "--hours")
-    instance = hardware.instance
-    assert instance is not None  # _priced_hardware found one
-    if instance.spot_per_hour is not None:
-        sections.add("spot", _spot_plan(args, hardware, args.hours, default_bucket="5-10%"))
-    else:
-        sections.add("hours", _on_demand_hours(hardware, args.hours))
-    _commitment_section(args, hardware, args.hours, sections)
-
-
-def _priced_hardware(args: argparse.Namespace, catalog: Catalog, what: str) -> Hardware:
-    """`--instance`, or for `--gpu` the cheapest catalog instance with `--count` of that GPU."""
-    from thrifty.plan.estimate import priced_gpu
-
-    if args.instance is not None and args.gpu is not None:
-        raise ConfigError("give --instance or --gpu, not both (an instance names its GPU)")
-    if args.instance is not None:
-        return resolve_hardware(instance=args.instance, gpu=None, count=args.count, catalog=catalog)
-    if args.gpu is None:
-        raise ConfigError(
-            f"{what} needs a priced --instance, e.g. --instance p4d.24xlarge, or --gpu NAME "
-            "(e.g. --gpu A10G: priced on the cheapest catalog instance with it)"
-        )
-    hardware = priced_gpu(args.gpu, args.count, catalog)
-    if hardware.instance is None:
-        raise ConfigError(
-            f"{what}: no catalog instance has {args.count} x {hardware.gpu.name} to price it on; "
-            "give --instance (see 'thrifty prices --instances') or add one in a --catalog file"
-        )
-    return hardware
-
-
-@dataclass
-class OnDemandHours:
-    """Hours of work on an instance without a spot price: what they cost on-demand."""
-
-    instance: str
-    instances: int
-    hours: float
-    on_demand_per_hour: float  # USD per hour for all the instances
-    cost: float  # USD
-    assumptions: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return asdict(self)
-
-
-def _on_demand_hours(hardware: Hardware, hours: float) -> OnDemandHours:
-    instance = hardware.instance
-    assert instance is not None  # priced hardware
-    price = _price(hardware, "on-demand")
-    return OnDemandHours(
-        instance=instance.name,
-        instances=hardware.count,
-        hours=hours,
-        on_demand_per_hour=price,
-        cost=price * hours,
-        assumptions=[
-            f"prices for {instance.name}: {instance.dated_source}; no spot price in the catalog"
-        ],
-    )
-
-
-def _commitment_section(
-    args: argparse.Namespace, hardware: Hardware, job_hours: float, sections: Sections
-) -> None:
-    """The instance's 1- and 3-year commitments against on-demand and spot, for jobs of
-    `job_hours`, at the interruption rate given (else the 5-10% advisor bucket)."""
-    from thrifty.plan.commitment import commitment_plan
-
-    instance = hardware.instance
-    if instance is None or not instance.commitments():
-        return
-    rate, bucket = _rate(args, "5-10%")
-    plan = commitment_plan(
-        instance,
-        rate_per_hour=rate,
-        job_hours=job_hours,
-        save_seconds=args.save_seconds,
-        restart_seconds=args.restart_seconds,
-    )
-    if bucket and not _rate_given(args) and instance.spot_per_hour is not None:
-        plan.assumptions.append(f"advisor bucket {bucket} (no rate given: thrifty's default)")
-    sections.add("commitment", plan)
-
-
-def _rate(args: argparse.Namespace, default_bucket: str | None) -> tuple[float, str | None]:
-    """Interruptions per hour of one instance from the options, else `default_bucket`."""
-    from thrifty.plan.spot import interruption_rate
-
-    bucket = args.advisor or (None if _rate_given(args) else default_bucket)
-    rate = interruption_rate(
-        rate_per_hour=args.interruptions_per_hour,
-        mtbi_seconds=args.mtbi_hours * 3600 if args.mtbi_hours is not None else None,
-        advisor_bucket=bucket,
-    )
-    return rate, bucket
-
-
-def _spot_plan(
-    args: argparse.Namespace,
-    hardware: Hardware,
-    work_hours: float,
-    default_bucket: str | None = None,
-) -> SpotPlan:
-    """`work_hours` on `hardware` on-demand and on spot, at the interruption rate the options
-    give (else `default_bucket`, an advisor bucket, said so among the assumptions)."""
-    from thrifty.plan.spot import spot_economics
-
-    default = None if _rate_given(args) else default_bucket
-    rate, bucket = _rate(args, default_bucket)
-    plan = spot_economics(
-        work_hours,
-        on_demand_per_hour=_price(hardware, "on-demand"),
-        spot_per_hour=_price(hardware, "spot"),
-        rate_per_hour=rate,
-        instances=hardware.count,
-        save_seconds=args.save_seconds,
-        restart_seconds=args.restart_seconds,
-        interval_seconds=args.checkpoint_interval,
-    )
-    if bucket:
-        why = " (no rate given: thrifty's default)" if default else ""
-        plan.assumptions.append(
-            f"advisor bucket {bucket}{why}: its midpoint read as the monthly probability of an "
-            "interruption"
-        )
-    return plan
-
-
-def _price(hardware: Hardware, pricing: str) -> float:
-    """USD per hour of the job's instances at `pricing`, which its section checked they have."""
-    price = hardware.price_per_hour(pricing)
-    if price is None:
-        raise ConfigError(f"this section needs a {pricing} price: give a priced --instance")
-    return price
-
-
 def _levers_section(
     args: argparse.Namespace,
     model: Model,
@@ -445,7 +290,7 @@ def _levers_section(
     )
     inputs = LeverInputs(
         hours_per_run=est.hours * speedup,
-        on_demand_per_hour=_price(hardware, "on-demand"),
+        on_demand_per_hour=usd_per_hour(hardware, "on-demand"),
         runs=args.runs,
         spot_per_hour=hardware.price_per_hour("spot"),
         spot_overhead=spot.overhead_factor if spot else 1.0,
