@@ -14,6 +14,7 @@ from helpers import stop_group_after
 from thrifty.records.state import FitResult
 from thrifty.records.stop import StopReason
 from thrifty.records.stop_signals import EXIT_PREEMPTED
+from thrifty.reporting.end_of_run import stop_line
 
 TESTS = Path(__file__).parent
 
@@ -98,3 +99,16 @@ def test_exit_code_is_75_preempted_1_diverged_and_0_for_every_finished_stop():
         "callback": 0,
         "data_exhausted": 0,
     }
+
+
+def test_the_stop_line_tells_a_script_to_end_with_the_code_the_command_line_exits_with():
+    preempted = result_stopped_by(StopReason.PREEMPTED)
+    assert stop_line(preempted) == (
+        "preempted at step 3; checkpoint saved, run the same command to resume (exit code 75)"
+    )
+    assert stop_line(preempted, from_script=True) == (
+        "preempted at step 3; checkpoint saved: end the script with sys.exit(result.exit_code) "
+        "(exit code 75) so a requeue wrapper relaunches it, and run it again to resume"
+    )
+    finished = result_stopped_by(StopReason.MAX_STEPS)
+    assert stop_line(finished) == stop_line(finished, from_script=True) == ""

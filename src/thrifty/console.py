@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from thrifty.errors import ThriftyError
+from thrifty.errors import ThriftyError, command_line_words
 
 if TYPE_CHECKING:
     import argparse
@@ -31,12 +31,14 @@ JSON_HELP = "print the report as JSON"
 SET_HELP = "override a config value, e.g. --set batch.micro=8 (repeatable)"
 
 
-def say(command: str, message: str) -> None:
+def say(command: str, message: str | BaseException) -> None:
     """One progress line on stderr, `thrifty COMMAND: message`, redacted and on one line
-    (`printed`); stdout is kept for the report."""
+    (`printed`), its fixes (`thrifty.errors.fix`) worded as the command's flags; stdout is
+    kept for the report. `message` may be an error the command ends on."""
     from thrifty.redact import printed
 
-    print(f"thrifty {command}: {printed(message)}", file=sys.stderr, flush=True)
+    line = printed(command_line_words(message))
+    print(f"thrifty {command}: {line}", file=sys.stderr, flush=True)
 
 
 def dash(value: Any) -> str:

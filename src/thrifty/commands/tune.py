@@ -82,13 +82,13 @@ def run_tune_command(args: argparse.Namespace) -> int:
     try:
         result = run_tune(plan)
     except TuneStopped as exc:
-        say("tune", str(exc))
+        say("tune", exc)
         return exc.exit_code
     if any(t.status != "stopped" for t in result.trials):
         if args.json:
             print(to_json(result_dict(result)))
         else:
             print_report(result)
-    if result.failure is not None:
-        raise ThriftyError(result.failure)
+    if result.reason is not None:
+        raise ThriftyError(result.reason)
     return 0

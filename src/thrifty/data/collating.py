@@ -14,7 +14,7 @@ from thrifty.errors import ThriftyError
 
 Collate = Callable[[list[Any]], Any]
 
-# Where a collator is given, in each interface's words.
+# Where a collator is given: in Python, and in a config.
 GIVE_COLLATE = (
     "in Python, collate_fn=...; in a config, [task] collate_fn = 'package.module:function'"
 )

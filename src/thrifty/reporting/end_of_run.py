@@ -166,9 +166,10 @@ def console_for_api(logger_name: str = "thrifty") -> Iterator[bool]:
         logger.setLevel(level)
 
 
-def show_result(result: Any, diagnosis: Any, interface: str = "cli") -> None:
+def show_result(result: Any, diagnosis: Any, *, from_script: bool = False) -> None:
     """What a person sees when a run ends: the summary, the diagnosis, and how to resume.
-    `interface`: "cli" (`thrifty train` exits with the code) or "api" (a script should)."""
+    `from_script`: the run was trained from Python, so the stop line tells the script to end
+    with the exit code (`thrifty train` exits with it itself)."""
     from thrifty.run.saves import local_only_message
 
     print_summary(result)
@@ -179,14 +180,14 @@ def show_result(result: Any, diagnosis: Any, interface: str = "cli") -> None:
         print(f"thrifty: warning: {local_only_message(status)}")
     if diagnosis is not None and diagnosis.busy:
         print(f"thrifty: warning: {diagnosis.busy}")
-    line = stop_line(result, interface)
+    line = stop_line(result, from_script=from_script)
     if line:
         print(f"thrifty: {line}")
 
 
-def stop_line(result: Any, interface: str = "cli") -> str:
+def stop_line(result: Any, *, from_script: bool = False) -> str:
     """How a run that did not finish ended, and the exit code that tells a requeue wrapper
-    what to do: from a script, the line to end it with; "" for a run that finished."""
+    what to do; `from_script`: the line a script ends with it. "" for a run that finished."""
     from thrifty.records.stop_signals import EXIT_PREEMPTED
 
     guard = getattr(result, "guard", None) or {}
@@ -201,7 +202,7 @@ def stop_line(result: Any, interface: str = "cli") -> str:
         code = EXIT_PREEMPTED
     else:
         return ""
-    if interface != "api":
+    if not from_script:
         resume = ", run the same command to resume" if code == EXIT_PREEMPTED else ""
         return f"{what}{resume} (exit code {code})"
     relaunch = (

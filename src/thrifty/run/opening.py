@@ -20,9 +20,9 @@ from typing import Any
 from thrifty.checkpoint import CheckpointInfo, CheckpointManager
 from thrifty.checkpoint.storage import is_remote, redact
 from thrifty.config import CheckpointConfig, TrainConfig, read_config_file
-from thrifty.errors import RunAlreadyFinished, ThriftyError
+from thrifty.errors import RunAlreadyFinished, ThriftyError, fix
 from thrifty.measure.cost import LostWork, finished_cost, lost_work
-from thrifty.measure.loggers import build_loggers, require_packages
+from thrifty.measure.loggers import make_loggers, require_packages
 from thrifty.records.directory import MetricsLog, default_run_dir, prepare_run_dir, truncate_metrics
 from thrifty.records.stop import StopReason
 from thrifty.run.config_changes import (
@@ -38,7 +38,6 @@ from thrifty.run.ownership import (
     check_run_dir,
     checkpoint_folder,
     has_saves,
-    overwrite_flag,
     remove_checkpoints,
 )
 from thrifty.run.saves import describe, in_own_location, make_manager, resume_point
@@ -60,13 +59,12 @@ class Claimed:
     lost: LostWork = field(default_factory=LostWork)
 
 
-def choices(interface: str, other: str, fresh: str) -> str:
-    """The way out of a run directory already in use, in the words of who drives us."""
-    if interface == "cli":
-        return f"choose {other} --out, or {fresh} with --overwrite (run.overwrite = true)"
+def choices(fresh: str) -> str:
+    """The way out of a run directory already in use: another run.out, or `fresh` (start
+    over) with run.overwrite."""
     return (
-        f"give {other} run directory (RunConfig(out=...)), or {fresh} with "
-        "RunConfig(overwrite=True)"
+        f"{fix('run.out', phrase='choose another')}, or {fresh} with "
+        f"{fix('run.overwrite', True, phrase='with its key')}"
     )
 
 
@@ -75,51 +73,49 @@ def run_dir_of(config: TrainConfig) -> Path:
     return Path(config.run.out) if config.run.out else default_run_dir(config.run.name)
 
 
-def claim_run_dir(config: TrainConfig, interface: str) -> Claimed:
+def claim_run_dir(config: TrainConfig) -> Claimed:
     """Lock the run directory, refuse what must not be written over, and choose the checkpoint
     to resume from. The lock is released if anything after it fails."""
     require_packages(config.log)  # a missing logger package: one line, nothing touched yet
     c = config.checkpoint
     run_dir = run_dir_of(config)
     # Before anything is read or written there: one writer per run directory and location.
-    fix = "use another --out" if interface == "cli" else "give another RunConfig(out=...)"
+    other = fix("run.out", phrase="use another")
     saves = checkpoint_folder(run_dir, c)  # named by no other run while this one writes there
-    lock = RunLock(run_dir, c.location, c.storage_options, saves=saves, run_dir_fix=fix).acquire()
+    lock = RunLock(run_dir, c.location, c.storage_options, saves=saves, run_dir_fix=other).acquire()
     try:
-        return _claim(config, interface, run_dir, lock)
+        return _claim(config, run_dir, lock)
     except BaseException:
         lock.release()
         raise
 
 
-def _claim(config: TrainConfig, interface: str, run_dir: Path, lock: RunLock) -> Claimed:
+def _claim(config: TrainConfig, run_dir: Path, lock: RunLock) -> Claimed:
     r, c = config.run, config.checkpoint
     # Before anything is written: nothing thrifty did not write is in the way.
-    check_run_dir(
-        run_dir, c, overwrite=r.overwrite, interface=interface, tensorboard=config.log.tensorboard
-    )
+    check_run_dir(run_dir, c, overwrite=r.overwrite, tensorboard=config.log.tensorboard)
     extending = (run_dir / "summary.json").exists() and not r.overwrite
     if extending:
-        grew = _finished_run(config, interface, run_dir)
+        grew = _finished_run(config, run_dir)
         log.info("extending the finished run: %s", ", ".join(g.describe() for g in grew))
     manager = make_manager(c, run_dir)
     manager.probe()  # a read-only dir, a file, a missing bucket: fail before step 1
     restart = False
     if r.overwrite:
-        ref, why = overwrite_start(run_dir, c, manager, interface)
+        ref, why = overwrite_start(run_dir, c, manager)
     else:
-        refuse_changed_resume(run_dir, c, manager, interface)
+        refuse_changed_resume(run_dir, c, manager)
         ref, why = resume_point(c, manager)
     if ref is None and not r.overwrite:
         if manager.has_checkpoints():
             raise ThriftyError(
                 f"{manager.location} holds checkpoints and checkpoint.resume = never: "
-                + choices(interface, "another", "start over")
+                + choices("start over")
             )
         if c.resume == "auto" and (run_dir / "metrics.jsonl").exists():
             # An attempt that died before its first checkpoint: nothing to resume, nothing
             # lost but those steps. Start over, and say so; not when it saved somewhere else.
-            refuse_saves_elsewhere(run_dir, c, interface)
+            refuse_saves_elsewhere(run_dir, c)
             log.warning(
                 "%s holds an unfinished run with no checkpoint (it ended before its first "
                 "save): starting it over from step 0",
@@ -132,7 +128,7 @@ def _claim(config: TrainConfig, interface: str, run_dir: Path, lock: RunLock) ->
     return Claimed(run_dir, lock, manager, ref, why, extending)
 
 
-def _finished_run(config: TrainConfig, interface: str, run_dir: Path) -> list[Change]:
+def _finished_run(config: TrainConfig, run_dir: Path) -> list[Change]:
     """A finished run: the budgets that grew, to train it further. With the same config there
     is nothing to do (RunAlreadyFinished); with another it is refused, as it is when its
     config.toml is missing or it diverged (a failure, not a result to hand back)."""
@@ -148,10 +144,10 @@ def _finished_run(config: TrainConfig, interface: str, run_dir: Path) -> list[Ch
         and summary.get("stop_reason") != StopReason.DIVERGED
         and same_config(saved, current)
     ):
-        raise RunAlreadyFinished(_done_message(run_dir, summary, interface), run_dir, summary)
+        raise RunAlreadyFinished(_done_message(run_dir, summary), run_dir, summary)
     raise ThriftyError(
         f"run directory {run_dir} holds a finished run (summary.json): "
-        + choices(interface, "another", "start it over")
+        + choices("start it over")
         + ", or give a larger budget to train it further"
     )
 
@@ -164,13 +160,12 @@ def _read_summary(run_dir: Path) -> dict[str, Any]:
     return summary if isinstance(summary, dict) else {}
 
 
-def _done_message(run_dir: Path, summary: dict[str, Any], interface: str) -> str:
+def _done_message(run_dir: Path, summary: dict[str, Any]) -> str:
     steps, reason = summary.get("steps"), summary.get("stop_reason")
     how = f" ({steps} steps, stopped by {reason})" if isinstance(steps, int) and reason else ""
     again = (
-        "--overwrite starts it over, a larger budget (--steps) trains it further"
-        if interface == "cli"
-        else "RunConfig(overwrite=True) starts it over, a larger budget trains it further"
+        f"{fix('run.overwrite', True)} starts it over, "
+        f"{fix('run.max_steps', phrase='a larger budget')} trains it further"
     )
     return (
         f"run directory {run_dir} is done: it holds a finished run of this config{how}, so "
@@ -179,7 +174,7 @@ def _done_message(run_dir: Path, summary: dict[str, Any], interface: str) -> str
 
 
 def overwrite_start(
-    run_dir: Path, checkpoint: CheckpointConfig, manager: CheckpointManager, interface: str
+    run_dir: Path, checkpoint: CheckpointConfig, manager: CheckpointManager
 ) -> tuple[CheckpointInfo | str | None, str]:
     """--overwrite: the run starts over (`start_over`), from step 0, or from the checkpoint
     checkpoint.resume names elsewhere than the run's own saves, which are deleted first (one
@@ -188,17 +183,17 @@ def overwrite_start(
     if named and in_own_location(checkpoint.resume, manager):
         raise ThriftyError(
             f"checkpoint.resume = {redact(checkpoint.resume)} is one of this run's own "
-            f"checkpoints, which {overwrite_flag(interface)} deletes: resume from it without "
-            f"{overwrite_flag(interface)}, or copy it elsewhere first"
+            f"checkpoints, which {fix('run.overwrite', True)} deletes: resume from it without "
+            f"{fix('run.overwrite', True)}, or copy it elsewhere first"
         )
-    start_over(run_dir, checkpoint, manager, interface)
+    start_over(run_dir, checkpoint, manager)
     if named:
         return checkpoint.resume, f"checkpoint {redact(checkpoint.resume)} (overwrite)"
     return None, "overwrite"
 
 
 def refuse_changed_resume(
-    run_dir: Path, checkpoint: CheckpointConfig, manager: CheckpointManager, interface: str
+    run_dir: Path, checkpoint: CheckpointConfig, manager: CheckpointManager
 ) -> None:
     """A run with saves of its own, started again with a checkpoint.resume that names another
     checkpoint than the one it began with (or than auto/never), is refused in one line.
@@ -213,13 +208,12 @@ def refuse_changed_resume(
     before = _began_with(run_dir)
     if before is None or same_place(before, now) or not manager.has_checkpoints():
         return
-    flag = "--resume" if interface == "cli" else "checkpoint.resume ="
     raise ThriftyError(
         f"checkpoint.resume changed from {before!r} to {redact(now)!r}, and run directory "
         f"{run_dir} holds the run's own checkpoints at {redact(manager.location)}: to start "
         f"from {redact(now)}, "
-        + choices(interface, "another", "start this run over from it")
-        + f"; to continue this run, {flag} auto"
+        + choices("start this run over from it")
+        + f"; to continue this run, {fix('checkpoint.resume', 'auto')}"
     )
 
 
@@ -233,9 +227,7 @@ def _began_with(run_dir: Path) -> str | None:
     return before if isinstance(before, str) else None
 
 
-def start_over(
-    run_dir: Path, checkpoint: CheckpointConfig, manager: CheckpointManager, interface: str
-) -> None:
+def start_over(run_dir: Path, checkpoint: CheckpointConfig, manager: CheckpointManager) -> None:
     """--overwrite: the saves in the run's own checkpoints/ folder (where it saves, or stages
     a URL's saves) are deleted, thrifty's only (`check_run_dir` refused anything else). Saves
     at a place the user chose (checkpoint.location, checkpoint.local_dir) are never deleted:
@@ -249,15 +241,14 @@ def start_over(
         where = manager.location + (f" (or its local_dir {manager.local_dir})" if staged else "")
         raise ThriftyError(
             f"checkpoint.location {where} holds checkpoints of an earlier run, which "
-            f"{overwrite_flag(interface)} "
-            "does not delete and the new run would resume in place of its own: delete them, "
-            "or choose another checkpoint.location"
+            f"{fix('run.overwrite', True)} does not delete and the new run would resume in "
+            "place of its own: delete them, or choose another checkpoint.location"
         )
     if staged_here:
         remove_checkpoints(own)
 
 
-def refuse_saves_elsewhere(run_dir: Path, checkpoint: CheckpointConfig, interface: str) -> None:
+def refuse_saves_elsewhere(run_dir: Path, checkpoint: CheckpointConfig) -> None:
     """An unfinished run found no checkpoint where this one looks: refuse to start it over
     when it saved elsewhere, in the run's own checkpoints/ folder (this run names another
     location) or at the location its config.toml names. Nothing is lost silently; a URL there
@@ -269,7 +260,8 @@ def refuse_saves_elsewhere(run_dir: Path, checkpoint: CheckpointConfig, interfac
     raise ThriftyError(
         f"run directory {run_dir} holds an unfinished run that saved its checkpoints to "
         f"{elsewhere}, not to {here}: give "
-        f"checkpoint.location = {elsewhere!r} to resume it, or start it over with {overwrite_flag(interface)}"
+        f"checkpoint.location = {elsewhere!r} to resume it, or start it over with "
+        f"{fix('run.overwrite', True)}"
     )
 
 
@@ -337,7 +329,14 @@ def record_opening(
         changes=(changes if resumed else ResumeChanges()).changes,
         resumed=resumed,
     )
-    loggers = build_loggers(config, run_dir, step=step, resumed=resumed)
+    loggers = make_loggers(
+        config.log,
+        run_dir,
+        run_name=config.run.name,
+        params=config.to_dict(secrets=False) if config.log.mlflow else {},
+        step=step,
+        resumed=resumed,
+    )
     metrics_log = MetricsLog(metrics, sinks=loggers)
     if resumed:
         metrics_log.write([{"step": step, "event": "resumed", **claimed.lost.to_record()}])

@@ -25,7 +25,7 @@ from thrifty.checkpoint.probe import PROBE
 from thrifty.checkpoint.retention import holds_only_a_save
 from thrifty.checkpoint.storage import is_remote
 from thrifty.config import CheckpointConfig
-from thrifty.errors import ThriftyError
+from thrifty.errors import ThriftyError, fix
 from thrifty.own_files import (
     DIAGNOSIS_KEY,
     SUMMARY_KEY,
@@ -101,17 +101,11 @@ def foreign_in_run(run_dir: Path) -> list[str]:
     return found + foreign_files(run_dir, run_dir / "checkpoints", emptied=True)
 
 
-def overwrite_flag(interface: str) -> str:
-    """How who drives us asks to start over: the flag, or the Python argument."""
-    return "--overwrite" if interface == "cli" else "RunConfig(overwrite=True)"
-
-
 def check_run_dir(
     run_dir: Path,
     checkpoint: CheckpointConfig,
     *,
     overwrite: bool,
-    interface: str,
     tensorboard: bool = False,
 ) -> None:
     """Refuse, in one line naming what was found, a run directory where thrifty would replace
@@ -127,17 +121,17 @@ def check_run_dir(
     named = ", ".join(found[:MAX_NAMED]) + (
         f" and {len(found) - MAX_NAMED} more" if len(found) > MAX_NAMED else ""
     )
-    cli = interface == "cli"
     if overwrite:
-        flag = overwrite_flag(interface)
-        why = f": {flag} replaces a thrifty run but never files thrifty did not write;"
+        why = (
+            f": {fix('run.overwrite', True)} replaces a thrifty run but never files thrifty "
+            "did not write;"
+        )
     else:
         why = " and would write over:"
-    other = "choose another --out" if cli else "give another run directory (RunConfig(out=...))"
     them = "them" if len(found) > 1 else "it"
     raise ThriftyError(
         f"run directory {run_dir} holds {named}, which thrifty did not write{why} "
-        f"move {them} away, or {other}"
+        f"move {them} away, or {fix('run.out', phrase='choose another')}"
     )
 
 

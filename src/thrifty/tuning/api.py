@@ -10,7 +10,8 @@ from typing import Any
 
 from thrifty.config import TrainConfig
 from thrifty.errors import ConfigError, ThriftyError
-from thrifty.tuning.session import DEFAULT_BUDGET, DEFAULT_STEPS, TuneResult, make_plan, run_tune
+from thrifty.tuning.report import TuneResult
+from thrifty.tuning.session import DEFAULT_BUDGET, DEFAULT_STEPS, make_plan, run_tune
 
 
 class TuneFailed(ThriftyError):
@@ -72,11 +73,10 @@ def tune(
         instance=instance,
         overwrite=overwrite,
         env=_child_env(extra_paths),
-        interface="api",
     )
     result = run_tune(plan)
-    if result.failure is not None:
-        raise TuneFailed(result.failure, result)
+    if result.reason is not None:
+        raise TuneFailed(result.reason, result)  # worded for Python by str(), as its fixes
     return result
 
 

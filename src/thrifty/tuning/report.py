@@ -1,19 +1,27 @@
-"""What `thrifty tune` prints and writes: the trials table, the paired comparisons, the winner,
-what was not run, and the waterfall, as rich tables or as JSON (the same data)."""
+"""What `thrifty tune` prints and writes: the plan it ran and its result (`TunePlan`,
+`TuneResult`), and the trials table, the paired comparisons, the winner, what was not run, and
+the waterfall, as rich tables or as JSON (the same data)."""
 
 from __future__ import annotations
 
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from thrifty.errors import command_line_words, python_words
 from thrifty.plan.units import fmt_bytes, fmt_hours, fmt_pct, fmt_usd
 from thrifty.tuning.compare import BLOCK_SECONDS
 from thrifty.tuning.paired import CONFIDENCE, MIN_GAIN
-from thrifty.tuning.pricing import job_usd, usd_per_unit
+from thrifty.tuning.pricing import Job, Price, job_usd, usd_per_unit
+from thrifty.tuning.space import Setting, Space
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from thrifty.tuning.session import TuneResult
+    from thrifty.config import TrainConfig
+    from thrifty.tuning.search import Outcome
     from thrifty.tuning.trials import Trial
     from thrifty.tuning.waterfall import Waterfall
 
@@ -26,6 +34,90 @@ MEMORY_SOURCES = {
 
 # --------------------------------------------------------------------------------------------
 # Data
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TunePlan:
+    """Everything a tune needs, checked. `given` is the config as given (TOML data: the
+    baseline, and where the winner starts from); `started` is when the tune began
+    (time.monotonic seconds), from which the budget counts; `key` names the search, so that
+    the same command resumes it (outdir.search_key)."""
+
+    name: str
+    given: dict[str, Any]
+    config: TrainConfig
+    out: Path
+    budget: str
+    budget_seconds: float
+    steps: int
+    space: Space
+    device: str
+    price: Price
+    instance: str | None
+    overwrite: bool
+    env: dict[str, str]
+    peaks: dict[str, float] | None = None  # TFLOP/s per precision, pinned for every trial
+    key: str = ""
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def baseline(self) -> Setting:
+        return Setting.of(self.config)
+
+    @property
+    def job(self) -> Job:
+        return Job.of(self.config.run)
+
+
+@dataclass(slots=True, kw_only=True)
+class TuneResult:
+    """The trials (in the order run), what was skipped, and the winner.
+
+    `winner_config` is the winning configuration (also written to `winner_toml`);
+    `failure` is the one-line reason no winner was found, None when one was (`reason` holds
+    it with its options marked, `thrifty.errors.fix`, for the command line to word as its
+    flags). `state`: running, stopped (by a signal: resumable) or finished.
+    """
+
+    plan: TunePlan
+    outcome: Outcome
+    waterfall: Waterfall | None = None
+    winner_config: TrainConfig | None = None
+    winner_toml: Path | None = None
+    reason: str | None = None
+    wall_seconds: float = 0.0
+    state: str = "running"
+
+    @property
+    def failure(self) -> str | None:
+        """Why no winner was found, in Python's words; None when one was."""
+        return None if self.reason is None else python_words(self.reason)
+
+    @property
+    def trials(self) -> list[Trial]:
+        return self.outcome.trials
+
+    @property
+    def baseline(self) -> Trial | None:
+        return self.outcome.baseline
+
+    @property
+    def winner(self) -> Trial | None:
+        return self.outcome.winner
+
+    @property
+    def speedup(self) -> float | None:
+        """The winner's throughput over the baseline's, paired: the final re-measurement's, or
+        where it could not tell, the product of the winner's levers' comparisons. None when
+        the baseline did not finish."""
+        base, best = self.baseline, self.winner
+        if base is None or best is None or not base.ok:
+            return None
+        final = self.outcome.final
+        measured = final.estimate if final is not None and best is not base else None
+        if measured is not None:
+            return measured.ratio
+        return math.prod(c.estimate.ratio for c in self.outcome.levers if c.estimate)
 
 
 def figures(result: TuneResult, trial: Trial) -> dict[str, Any]:
@@ -71,7 +163,8 @@ def result_dict(result: TuneResult) -> dict[str, Any]:
         "comparisons": [c.to_dict() for c in outcome.comparisons],
         "waterfall": result.waterfall.to_dict() if result.waterfall else None,
         "stopped_early": outcome.stop,
-        "failure": result.failure,
+        # The command line's words: what `thrifty tune --json` prints and `thrifty report` shows.
+        "failure": None if result.reason is None else command_line_words(result.reason),
         "wall_seconds": result.wall_seconds,
         "notes": notes(result),
         # What resuming needs (tuning.outdir): whether the tune ended, which search it is, and

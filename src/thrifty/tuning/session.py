@@ -12,12 +12,9 @@ through a pipe (thrifty.tune_trial).
 
 from __future__ import annotations
 
-import functools
-import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +27,16 @@ from thrifty.config import (
     read_config_file,
 )
 from thrifty.console import say
-from thrifty.errors import ConfigError, ThriftyError
+from thrifty.errors import ConfigError, ThriftyError, fix
 from thrifty.records.directory import write_json
 from thrifty.redact import redact_value
 from thrifty.tuning import outdir
 from thrifty.tuning.compare import Comparison
 from thrifty.tuning.configs import trial_config, winner_config
-from thrifty.tuning.pricing import Job, Price, price_for
+from thrifty.tuning.pricing import price_for
+from thrifty.tuning.report import TunePlan, TuneResult, result_dict
 from thrifty.tuning.search import Outcome, Search
 from thrifty.tuning.space import (
-    Setting,
-    Space,
     build_space,
     hardware_precisions,
     parse_levers,
@@ -48,105 +44,20 @@ from thrifty.tuning.space import (
 )
 from thrifty.tuning.stopping import StopSignals, TuneStopped, stopped_line
 from thrifty.tuning.trials import Candidate, ChildTrials, Interrupted, Runner, Trial, cpu_peaks
-from thrifty.tuning.waterfall import Waterfall, waterfall
+from thrifty.tuning.waterfall import waterfall
 
 DEFAULT_BUDGET = "10m"
 DEFAULT_STEPS = 20
 FINISH_SECONDS = 1.0  # kept from the budget to write the report once the last trial ends
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TunePlan:
-    """Everything a tune needs, checked. `given` is the config as given (TOML data: the
-    baseline, and where the winner starts from); `started` is when the tune began
-    (time.monotonic seconds), from which the budget counts; `key` names the search, so that
-    the same command resumes it (outdir.search_key)."""
-
-    name: str
-    given: dict[str, Any]
-    config: TrainConfig
-    out: Path
-    budget: str
-    budget_seconds: float
-    steps: int
-    space: Space
-    device: str
-    price: Price
-    instance: str | None
-    overwrite: bool
-    env: dict[str, str]
-    interface: str = "cli"  # "cli" or "api": which names messages use
-    peaks: dict[str, float] | None = None  # TFLOP/s per precision, pinned for every trial
-    key: str = ""
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def baseline(self) -> Setting:
-        return Setting.of(self.config)
-
-    @property
-    def job(self) -> Job:
-        return Job.of(self.config.run)
-
-    def option(self, flag: str) -> str:
-        return option(flag, self.interface)
-
-    @property
-    def again(self) -> str:
-        """How to resume it."""
-        if self.interface == "cli":
-            return "run the same command again"
-        return "call tune() again with the same arguments"
+def option(flag: str) -> str:
+    """A message's marker for one of the tune's options (`thrifty.errors.fix`): "--budget"
+    on the command line, "budget" in Python."""
+    return fix("tune." + flag.removeprefix("--").replace("-", "_"))
 
 
-@dataclass(slots=True, kw_only=True)
-class TuneResult:
-    """The trials (in the order run), what was skipped, and the winner.
-
-    `winner_config` is the winning configuration (also written to `winner_toml`);
-    `failure` is the one-line reason no winner was found, None when one was. `state`:
-    running, stopped (by a signal: resumable) or finished.
-    """
-
-    plan: TunePlan
-    outcome: Outcome
-    waterfall: Waterfall | None = None
-    winner_config: TrainConfig | None = None
-    winner_toml: Path | None = None
-    failure: str | None = None
-    wall_seconds: float = 0.0
-    state: str = "running"
-
-    @property
-    def trials(self) -> list[Trial]:
-        return self.outcome.trials
-
-    @property
-    def baseline(self) -> Trial | None:
-        return self.outcome.baseline
-
-    @property
-    def winner(self) -> Trial | None:
-        return self.outcome.winner
-
-    @property
-    def speedup(self) -> float | None:
-        """The winner's throughput over the baseline's, paired: the final re-measurement's, or
-        where it could not tell, the product of the winner's levers' comparisons. None when
-        the baseline did not finish."""
-        base, best = self.baseline, self.winner
-        if base is None or best is None or not base.ok:
-            return None
-        final = self.outcome.final
-        measured = final.estimate if final is not None and best is not base else None
-        if measured is not None:
-            return measured.ratio
-        return math.prod(c.estimate.ratio for c in self.outcome.levers if c.estimate)
-
-
-def option(flag: str, interface: str) -> str:
-    """How a message names an option: "--budget" on the command line, "budget" in Python."""
-    return flag if interface == "cli" else flag.removeprefix("--").replace("-", "_")
+AGAIN = fix("tune", phrase="again")  # how the same tune is resumed
 
 
 def read_given(
@@ -170,27 +81,25 @@ def make_plan(
     instance: str | None = None,
     overwrite: bool = False,
     env: Mapping[str, str] | None = None,
-    interface: str = "cli",
 ) -> TunePlan:
     """Check every input before any trial runs; the budget counts from here. `name` is what
     the report calls the config (its path); the other arguments are the command's options."""
     started = time.monotonic()
-    opt = functools.partial(option, interface=interface)
-    seconds = parse_duration(budget, opt("--budget"))
+    seconds = parse_duration(budget, option("--budget"))
     if steps < 2:
         raise ConfigError(
-            f"{opt('--steps')} {steps} is invalid: the first step is warm-up and not measured; "
-            f"give 2 or more (e.g. {opt('--steps')} {DEFAULT_STEPS})"
+            f"{option('--steps')} {steps} is invalid: the first step is warm-up and not measured; "
+            f"give 2 or more (e.g. {option('--steps')} {DEFAULT_STEPS})"
         )
     config = TrainConfig.from_dict(given)
-    chosen = parse_levers(levers, opt("--levers"))
-    sizes = parse_micro(micro, opt("--micro"))
+    chosen = parse_levers(levers, option("--levers"))
+    sizes = parse_micro(micro, option("--micro"))
     if sizes is not None and "micro" not in chosen:
         raise ConfigError(
-            f"{opt('--micro')} gives micro-batch sizes but {opt('--levers')} leaves out micro: "
-            "add it to the levers"
+            f"{option('--micro')} gives micro-batch sizes but {option('--levers')} leaves out "
+            "micro: add it to the levers"
         )
-    price = price_for(config.cost, instance, opt("--instance"))
+    price = price_for(config.cost, instance, option("--instance"))
     device, precisions, left_out = hardware_precisions(config.run.device)
     space = build_space(
         config,
@@ -203,7 +112,7 @@ def make_plan(
         space.notes.append(left_out)
     out_dir = Path(out) if out else Path("runs") / f"tune-{Path(name).stem}"
     key = outdir.search_key(given, steps, space, device)
-    earlier = outdir.inspect(out_dir, key, overwrite, opt)  # refused here, before any work
+    earlier = outdir.inspect(out_dir, key, overwrite, option)  # refused here, before any work
     from thrifty.measure.peak import PEAK_ENV  # here: the module loads torch
 
     peaks = None
@@ -225,7 +134,6 @@ def make_plan(
         instance=instance,
         overwrite=overwrite,
         env=dict(os.environ if env is None else env),
-        interface=interface,
         peaks=peaks,
         key=key,
         started=started,
@@ -240,11 +148,10 @@ def run_tune(
     """Search, then write winner.toml and tune.json. `runner` and `clock` replace the trial
     processes and the time (tests); the budget then counts from the first call to `clock`.
     Raises TuneStopped after SIGTERM or SIGINT, OutOfSpace when the disk fills."""
-    opt = plan.option
-    with outdir.held(plan.out, opt), StopSignals() as stop:
-        with outdir.writing(plan.out, opt, plan.again):
-            earlier = outdir.inspect(plan.out, plan.key, plan.overwrite, opt)
-            outdir.replace_earlier(plan.out, opt, plan.overwrite and earlier is None)
+    with outdir.held(plan.out, option), StopSignals() as stop:
+        with outdir.writing(plan.out, option, AGAIN):
+            earlier = outdir.inspect(plan.out, plan.key, plan.overwrite, option)
+            outdir.replace_earlier(plan.out, option, plan.overwrite and earlier is None)
             return _search(plan, earlier, stop, runner, clock)
 
 
@@ -255,8 +162,6 @@ def _search(
     runner: Runner | None,
     clock: Callable[[], float],
 ) -> TuneResult:
-    from thrifty.tuning.report import result_dict
-
     result = TuneResult(plan=plan, outcome=Outcome())
     record = plan.out / "tune.json"
     if earlier is None:
@@ -304,13 +209,13 @@ def _search(
         result.state = "stopped"
         write_json(record, result_dict(result))
         runs = sum(len(c.blocks) for c in result.outcome.comparisons)
-        line = stopped_line(stop.received, exc.name, len(result.trials), plan.out, plan.again, runs)
+        line = stopped_line(stop.received, exc.name, len(result.trials), plan.out, AGAIN, runs)
         raise TuneStopped(line) from None
     result.waterfall = waterfall(
         result.outcome, plan.job, plan.price, plan.config.checkpoint.interruption_rate
     )
     _write_winner(result)
-    result.failure = failure(result)
+    result.reason = failure(result)
     result.wall_seconds = clock() - start
     result.state = "finished"
     write_json(record, result_dict(result))
@@ -389,7 +294,8 @@ def _progress(trial: Trial) -> str:
 
 
 def failure(result: TuneResult) -> str | None:
-    """One line saying why there is no winner, None when there is one."""
+    """One line saying why there is no winner (its options marked: `option`), None when
+    there is one."""
     outcome, plan = result.outcome, result.plan
     if outcome.winner is not None:
         return None
@@ -397,15 +303,15 @@ def failure(result: TuneResult) -> str | None:
     base = trials[0]  # the search always runs the baseline
     if all(t.status == "stopped" for t in trials):
         return (
-            f"{plan.option('--budget')} {plan.budget} is too small for even one trial: the "
+            f"{option('--budget')} {plan.budget} is too small for even one trial: the "
             f"baseline was stopped after {base.wall_seconds:.0f} s{_progress(base)}; give more "
-            f"time (e.g. {plan.option('--budget')} {DEFAULT_BUDGET})"
+            f"time (e.g. {option('--budget')} {DEFAULT_BUDGET})"
         )
     if base.failure == "hung":
         return (
             f"the baseline (the config as given) {base.error} (log: {base.run_dir}/train.log): "
             "find what it waits for (its data, a network file system, a lock) or, if its first "
-            f"step takes that long, give more time ({plan.option('--budget')})"
+            f"step takes that long, give more time ({option('--budget')})"
         )
     at_one = next((t for t in trials if t.out_of_memory_at_one), None)
     if at_one is not None and all(t.failure in ("oom", "budget", "compiling") for t in trials):
