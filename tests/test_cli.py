@@ -198,8 +198,10 @@ def test_only_a_command_that_trains_here_loads_the_compiler(
     calls = []
     monkeypatch.setattr(training, "load_torch", lambda: calls.append("load_torch"))
     monkeypatch.setattr(training, "_launch", lambda args, config: calls.append("launch") or 0)
-    monkeypatch.setattr(training, "_train", lambda config, stops: calls.append("train") or 0)
-    args = argparse.Namespace(nprocs=nprocs, argv=["train", "job.toml"])
+    monkeypatch.setattr(
+        training, "_train", lambda config, stops, callbacks: calls.append("train") or 0
+    )
+    args = argparse.Namespace(nprocs=nprocs, argv=["train", "job.toml"], callbacks=())
     monkeypatch.chdir(tmp_path)  # its run directory, runs/run, is looked at for a lock
     with stopping() as stops:
         assert training._run(args, load_config(None, [("run.max_steps", "1")]), stops) == 0

@@ -275,8 +275,8 @@ def test_a_worker_whose_lease_lapsed_stops_the_trial_another_took_up_and_tells_o
     worker requeued the trial and took it up. At its next renewal this worker stops its run
     (it saves) instead of training the trial alongside the other and telling its outcome."""
     from thrifty.sweeps import study as study_module
+    from thrifty.sweeps.leases import requeue
     from thrifty.sweeps.study import LEASE_KEY, lease
-    from thrifty.sweeps.trial import requeue
 
     monkeypatch.setattr(study_module, "LEASE_SECONDS", 1.2)  # renewals every 0.2 s
     config, space = write_inputs(tmp_path, steps=400)
@@ -486,7 +486,7 @@ def test_a_trials_checkpoint_place_is_in_its_config_never_on_its_command_line() 
         out=Path("out"), env={}, pruner_name="none", pruner=None, storage=None,
         places={"checkpoint.location": secret}, given=given, study="lr",
     )  # fmt: skip
-    args = command(setup, {"optimizer.lr": 0.1}, Path("out/trials/0007"), 5)
+    args = command(setup, {"optimizer.lr": 0.1}, Path("out/trials/0007"), "5,6")
     assert not [a for a in args if "secret" in a]
     assert args[-4:] == ["--set", "run.seed=1", "--set", "optimizer.lr=0.1"]
     from thrifty.config import toml_loads

@@ -13,8 +13,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from thrifty.sweeps.leases import Leases, requeue
 from thrifty.sweeps.study import LEASE_KEY, lease, requeue_orphans
-from thrifty.sweeps.trial import SECONDS_KEY, Leases, requeue
+from thrifty.sweeps.trial import SECONDS_KEY
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -15,6 +15,7 @@ import torch
 
 from dist_task import Net
 from test_tune import CONFIG, one_line_error
+from thrifty.callbacks.trial_pipe import TrialPipe
 from thrifty.tuning import trials
 
 TESTS = Path(__file__).resolve().parent
@@ -90,13 +91,13 @@ def wait_out_a_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TUNE_TEST_HANGING", str(hanging))
     clock = BudgetWaitedOut(hanging, jump=40.0)
     monkeypatch.setattr(trials, "time", clock)
-    read = trials.StepCount.read
+    read = TrialPipe.read
 
-    def read_noting_ready(steps: trials.StepCount) -> None:
-        read(steps)
-        clock.ready = clock.ready or steps.ready is not None
+    def read_noting_ready(pipe: TrialPipe, judge) -> None:
+        read(pipe, judge)
+        clock.ready = clock.ready or pipe.ready is not None
 
-    monkeypatch.setattr(trials.StepCount, "read", read_noting_ready)
+    monkeypatch.setattr(TrialPipe, "read", read_noting_ready)
 
 
 def test_a_trial_that_completes_no_step_is_called_hung_not_a_budget_too_small(

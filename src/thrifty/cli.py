@@ -11,10 +11,10 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from thrifty.console import EXIT_USAGE
-from thrifty.errors import ConfigError, ThriftyError
+from thrifty.errors import ConfigError, ThriftyError, command_line_words
 from thrifty.lazy import load_torch
 from thrifty.records.stop_signals import EXIT_PREEMPTED, StopRequested, StopSignals, stopping
 from thrifty.redact import printed, redact_text, redacted_log_records
@@ -39,6 +39,9 @@ TRAINING_COMMANDS = ("train", "demo")
 
 RANK0_GRACE_SECONDS = 5.0
 
+if TYPE_CHECKING:
+    from thrifty.callbacks import Callback
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors as one line with exit code 2 (no usage dump)."""
@@ -55,30 +58,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, callbacks: Sequence[Callback] = ()) -> int:
+    """Run the command `argv` names (the process's arguments by default); `callbacks` go to
+    the Trainer of a command that trains in this process (a trial's report to its search)."""
     with redacted_log_records():  # every log line of every command, whoever prints it
-        return _run(list(sys.argv[1:] if argv is None else argv))
+        return _run(list(sys.argv[1:] if argv is None else argv), tuple(callbacks))
 
 
-def _run(words: list[str]) -> int:
+def _run(words: list[str], callbacks: tuple[Callback, ...] = ()) -> int:
     if words[:1] and words[0] in TRAINING_COMMANDS:
         # Before the commands are even imported: the launcher's SIGTERM can come at any time.
         with stopping() as stops:
             try:
                 load_torch(compiler=False)  # `train` adds it once it knows it trains here
-                return _main(words, stops)
+                return _main(words, stops, callbacks)
             except StopRequested:  # a stop before the first step: nothing to save yet
                 return _stopped(stops)
-    return _main(words, None)
+    return _main(words, None, callbacks)
 
 
-def _main(words: list[str], stops: StopSignals | None) -> int:
+def _main(words: list[str], stops: StopSignals | None, callbacks: tuple[Callback, ...] = ()) -> int:
     parser = build_parser()
     args = parser.parse_args(words)
     if getattr(args, "handler", None) is None:
         parser.print_help()
         return EXIT_USAGE
     args.argv = words
+    if callbacks:
+        args.callbacks = callbacks
     try:
         code = int(args.handler(args) or 0)
         sys.stdout.flush()  # a closed pipe is seen here, not at the interpreter's exit
@@ -151,9 +158,9 @@ def _lost_a_rank(exc: BaseException) -> bool:
 def _report(exc: ThriftyError) -> None:
     """One line on stderr, secrets redacted. In a job of several processes, an error every rank
     raises alike (a config error, or one rank 0 shared) is printed by rank 0 only; others name
-    their rank."""
+    their rank. Its fixes are worded as this command line's flags."""
     rank = os.environ.get("RANK", "0")
-    message = printed(str(exc))
+    message = printed(command_line_words(exc))
     if getattr(exc, "exit_code", EXIT_USAGE) == 0:  # nothing to do (a finished run): no error
         if rank == "0":
             print(f"thrifty: {message}", file=sys.stderr)

@@ -6,11 +6,15 @@ import importlib
 import inspect
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thrifty.config import TrainConfig
 from thrifty.errors import ConfigError
+
+if TYPE_CHECKING:
+    from thrifty.callbacks import Callback
 
 
 def import_object(path: str, field: str) -> Any:
@@ -47,9 +51,12 @@ class Task:
     collate_fn: Any = None
     scheduler: Any = None  # a ConfigScheduler: task.scheduler with task.scheduler_args
 
-    def trainer(self, config: TrainConfig, *, validate: bool = True) -> Any:
-        """The Trainer of this task: every part the factories built, passed in one place.
-        `validate=False` leaves the validation set out (a profile measures training only)."""
+    def trainer(
+        self, config: TrainConfig, *, validate: bool = True, callbacks: Sequence[Callback] = ()
+    ) -> Any:
+        """The Trainer of this task: every part the factories built, passed in one place, with
+        `callbacks` (`thrifty.callbacks`). `validate=False` leaves the validation set out (a
+        profile measures training only)."""
         from thrifty.trainer import Trainer
 
         return Trainer(
@@ -61,6 +68,7 @@ class Task:
             val_data=self.val_data if validate else None,
             loss_fn=self.loss_fn,
             collate_fn=self.collate_fn,
+            callbacks=list(callbacks),
         )
 
 
@@ -92,7 +100,8 @@ def _misfit(factory: Any, *args: Any, **kwargs: Any) -> tuple[TypeError, str] | 
 
 def build_task(config: TrainConfig) -> Task:
     """Call the factories of `config.task` (seed the RNG first: model init draws from it)."""
-    from thrifty.inputs import check_dataset, check_model, check_train_data
+    from thrifty.data.geometry import starting_micro
+    from thrifty.inputs import check_dataset, check_model, check_train_batches
 
     t = config.task
     if t.model is None or t.train_data is None:
@@ -101,10 +110,12 @@ def build_task(config: TrainConfig) -> Task:
     model_factory = import_object(t.model, "task.model")
     model = call_factory(model_factory, t.model_args, "task.model", "task.model_args")
     check_model(model, f"what task.model = {t.model!r} returned")
-    micro = 1 if config.batch.micro == "auto" else config.batch.micro
+    micro = starting_micro(config.batch)
     train_factory = import_object(t.train_data, "task.train_data")
     train = call_factory(train_factory, t.data_args, "task.train_data", "task.data_args")
-    check_train_data(train, config, where=f"what task.train_data = {t.train_data!r} returned")
+    check_train_batches(
+        train, config.batch, where=f"what task.train_data = {t.train_data!r} returned"
+    )
     val = None
     if t.val_data:
         val_factory = import_object(t.val_data, "task.val_data")

@@ -10,6 +10,9 @@ from thrifty.lazy import load_torch
 from thrifty.records.stop import StopReason
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from thrifty.callbacks import Callback
     from thrifty.records.stop_signals import StopSignals
     from thrifty.trainer import Trainer
 
@@ -64,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_set_option(demo)
     _common(demo)
-    demo.set_defaults(handler=run_demo)
+    demo.set_defaults(handler=run_demo, callbacks=())
 
     train = subparsers.add_parser(
         "train",
@@ -73,7 +76,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_config_options(train)
     _common(train)
-    train.set_defaults(handler=run_train)
+    # `callbacks`: what the command line's caller hands the Trainer (a trial's report to its
+    # search, `thrifty.tune_trial`); none from a terminal.
+    train.set_defaults(handler=run_train, callbacks=())
 
 
 def _overrides(args: argparse.Namespace) -> list[tuple[str, Any]]:
@@ -117,9 +122,10 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, config: Any, stops: StopSignals) -> int:
-    """Train in this process, or launch `--nprocs` of them. A stop signal before the first
-    step raises StopRequested (see `thrifty.records.stop_signals`), which the command line ends
-    with exit code 75 and one line."""
+    """Train in this process, with `args.callbacks`, or launch `--nprocs` of them (each rank
+    without them). A stop signal before the first step raises StopRequested (see
+    `thrifty.records.stop_signals`), which the command line ends with exit code 75 and one
+    line."""
     launching = _launching(args)
     stops.install(config.spot.signals)
     stops.check()
@@ -131,7 +137,7 @@ def _run(args: argparse.Namespace, config: Any, stops: StopSignals) -> int:
 
     follow_launcher(config.spot.signals)  # a rank of --nprocs: it stops if the launcher dies
     load_torch()  # the compiler too, which the optimizer imports: not in a launcher
-    return _train(config, stops)
+    return _train(config, stops, args.callbacks)
 
 
 def _refuse_a_run_dir_in_use(config: Any) -> None:
@@ -166,7 +172,7 @@ def _launch(args: argparse.Namespace, config: Any) -> int:
     )
 
 
-def _train(config: Any, stops: StopSignals) -> int:
+def _train(config: Any, stops: StopSignals, callbacks: Sequence[Callback] = ()) -> int:
     import logging
     import sys
 
@@ -190,9 +196,9 @@ def _train(config: Any, stops: StopSignals) -> int:
     with stops.interruptible():  # the user's factories, the model, the data: nothing written
         seed_everything(config.run.seed)
         task = build_task(config)
-        trainer = task.trainer(config)
+        trainer = task.trainer(config, callbacks=callbacks)
     with trainer:  # the ranks leave the process group together: a launcher sees one outcome
-        trainer.interface = "cli"  # messages name the command line's flags
+        trainer.from_script = False  # the command shows the result and exits with its code
         result = trainer.fit()
         if rank == 0:
             show_result(result, trainer.diagnosis)

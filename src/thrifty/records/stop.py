@@ -16,7 +16,7 @@ one place that applies it:
 - MAX_STEPS, MAX_TOKENS, MAX_TIME: the budget; steps before tokens before seconds.
 - EARLY_STOPPING, FORECAST, PRUNED: an evaluation's verdict; the budget spent at the same
   step wins, and the forecast is not consulted once early stopping has stopped the run, nor a
-  sweep's pruner (`thrifty.run.judge`) once either has.
+  sweep's pruner (`thrifty.callbacks.trial_report`) once either has.
 - CALLBACK: a user's callback asked to stop (`thrifty.callbacks`); it is called after
   thrifty's own decisions at the step, so any of the above at the same step wins.
 - DATA_EXHAUSTED: the data ran out with nothing else said.

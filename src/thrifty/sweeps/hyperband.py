@@ -104,8 +104,11 @@ def decide(
                 values[n] = curves[n][rung]
         if len(values) < len(alive):
             if rung == step:
-                return Verdict(WAIT, f"waiting for {len(alive) - len(values)} more trial(s) of its "
-                               f"bracket to reach step {rung}")
+                return Verdict(
+                    WAIT,
+                    f"waiting for {len(alive) - len(values)} more trial(s) of its "
+                    f"bracket to reach step {rung}",
+                )
             return Verdict(WAIT, f"its bracket has not finished step {rung}")
         keep = max(1, len(alive) // eta)
         ranked = sorted(alive, key=lambda n: (values[n], n))

@@ -66,7 +66,9 @@ def make_sweep(
     if workers < 1:
         raise ThriftyError(f"--workers {workers} is invalid: at least 1")
     if pruner not in pruning.PRUNERS:
-        raise ThriftyError(f"--pruner {pruner!r} is unknown: use one of {', '.join(pruning.PRUNERS)}")
+        raise ThriftyError(
+            f"--pruner {pruner!r} is unknown: use one of {', '.join(pruning.PRUNERS)}"
+        )
     given = read_config(config, o.overrides)
     where = "the config" if isinstance(config, Mapping) else str(config)
     cfg = TrainConfig.from_dict(given)
@@ -80,7 +82,11 @@ def make_sweep(
     else:
         the_space = read_space(space, given)
     the_budget = Budget.parse(budget)
-    if the_budget.usd is not None and cfg.cost.instance is None and cfg.cost.usd_per_gpu_hour is None:
+    if (
+        the_budget.usd is not None
+        and cfg.cost.instance is None
+        and cfg.cost.usd_per_gpu_hour is None
+    ):
         raise ConfigError(
             f"--budget {budget} is in dollars but {where} has no price: set cost.instance or "
             "cost.usd_per_gpu_hour (or give the budget as a time, e.g. 2h)"

@@ -1,8 +1,9 @@
 """Which trials a sweep stops early: Optuna's pruners by name, and thrifty's forecast pruner.
 
-A trial reports its validation loss at each evaluation (`thrifty.run.judge`); the pruner sees
-every trial's reports in the study and says whether this one goes on. Its decision depends on
-the study alone, so a sweep stopped and run again decides exactly as if it had not stopped.
+A trial reports its validation loss at each evaluation (`thrifty.callbacks.trial_report`;
+`thrifty.sweeps.verdicts` asks the pruner); the pruner sees every trial's reports in the study
+and says whether this one goes on. Its decision depends on the study alone, so a sweep stopped
+and run again decides exactly as if it had not stopped.
 
 - `asha`: asynchronous successive halving; rungs at eval.every × 3^k steps, a trial goes on past a
   rung when it is in the best third of the trials that reached it.
@@ -124,9 +125,7 @@ class ForecastPruner(optuna.pruners.BasePruner):
         return out
 
 
-def explain(
-    name: str, pruner: Any, study: optuna.Study, trial: FrozenTrial
-) -> dict[str, Any]:
+def explain(name: str, pruner: Any, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
     """Why `pruner` stopped `trial`, at which step, against what: `step`, `value`, `reason`
     and, for the forecast pruner, `forecast` and `bound`."""
     step = _last_step(trial)

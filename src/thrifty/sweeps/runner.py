@@ -34,17 +34,9 @@ from thrifty.children import Children
 from thrifty.errors import ThriftyError
 from thrifty.sweeps import results
 from thrifty.sweeps.space import Space
-from thrifty.sweeps.study import requeue_orphans, storage_trouble
-from thrifty.sweeps.trial import (
-    HYPERBAND_LIMIT_KEY,
-    PAUSED_KEY,
-    SECONDS_KEY,
-    Ended,
-    TrialSetup,
-    release_paused,
-    run_trial,
-    wait_for_children,
-)
+from thrifty.sweeps.study import PAUSED_KEY, requeue_orphans, storage_trouble
+from thrifty.sweeps.trial import SECONDS_KEY, Ended, TrialSetup, run_trial, wait_for_children
+from thrifty.sweeps.verdicts import HYPERBAND_LIMIT_KEY, release_paused
 
 STOP_GRACE_SECONDS = 120.0  # a trial's emergency checkpoint after the sweep's stop signal
 STORAGE_RETRIES = (5.0, 10.0, 20.0, 40.0, 60.0)  # seconds between tries of a failing storage

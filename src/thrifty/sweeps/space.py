@@ -75,7 +75,9 @@ class Param:
         assert self.low is not None and self.high is not None
         if self.integer:
             step = int(self.step) if self.step is not None else 1
-            return trial.suggest_int(self.key, int(self.low), int(self.high), step=step, log=self.log)
+            return trial.suggest_int(
+                self.key, int(self.low), int(self.high), step=step, log=self.log
+            )
         return trial.suggest_float(
             self.key, float(self.low), float(self.high), step=self.step, log=self.log
         )
@@ -132,7 +134,9 @@ def read_space(path: str | Path, base: Mapping[str, Any]) -> Space:
     return parse_space(data, base, where)
 
 
-def parse_space(data: Mapping[str, Any], base: Mapping[str, Any], where: str = "the space") -> Space:
+def parse_space(
+    data: Mapping[str, Any], base: Mapping[str, Any], where: str = "the space"
+) -> Space:
     """The space in `data` (SPACE.toml's tables), checked against `base`; see `read_space`."""
     if not data:
         raise ConfigError(f'{where} is empty: add a table per config key, e.g. ["optimizer.lr"]')
@@ -162,8 +166,10 @@ def _param(key: str, table: Mapping[str, Any], where: str) -> Param:
         if not isinstance(choices, list) or not choices:
             raise ConfigError(f"{name}: choices must be a non-empty list, e.g. [32, 64]")
         kinds = {type(c) for c in choices}
-        if any(isinstance(c, (list, dict)) for c in choices) or len(kinds - {int, float}) > 1 or (
-            kinds & {int, float} and kinds - {int, float}
+        if (
+            any(isinstance(c, (list, dict)) for c in choices)
+            or len(kinds - {int, float}) > 1
+            or (kinds & {int, float} and kinds - {int, float})
         ):
             raise ConfigError(f"{name}: choices must be numbers, strings or booleans of one kind")
         if len(set(map(repr, choices))) != len(choices):
@@ -203,9 +209,7 @@ def _param(key: str, table: Mapping[str, Any], where: str) -> Param:
 
 
 def _number(value: object) -> bool:
-    return (
-        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    )
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # The keys a factory of [task] takes over: [optimizer]'s that only build thrifty's optimizer,
