@@ -355,8 +355,9 @@ def test_a_prediction_needs_two_measured_sizes_and_a_named_policy():
 def test_a_gpu_runs_summary_carries_the_prediction_for_the_tune(monkeypatch):
     from types import SimpleNamespace
 
-    from thrifty import TrainConfig
+    from thrifty.data.geometry import BatchGeometry
     from thrifty.measure.flops import FlopCount
+    from thrifty.measure.instruments import SetUp
     from thrifty.reporting.summary import checkpointing_fits
 
     monkeypatch.setattr(
@@ -376,8 +377,8 @@ def test_a_gpu_runs_summary_carries_the_prediction_for_the_tune(monkeypatch):
         device=torch.device("cuda", 0),
         micro_search=search,
         flops=count,
-        micro=2,
-        config=TrainConfig.from_dict({"run": {"max_steps": 1}}),
+        geometry=BatchGeometry(micro=2, accumulation=1, effective=2),
+        set_up=SetUp(allow_tf32=True, compiled=False, checkpointing="off"),
     )
     assert checkpointing_fits(facts) == {"all": 9900 // 300, "every_other": 9900 // 650}
     assert (

@@ -210,3 +210,46 @@ def test_a_vote_of_the_wrong_length_is_refused_in_one_line(tmp_path):
 
     with pytest.raises(ThriftyError, match=r"Short.vote\(1\) returned \[1\]: it must return a"):
         Trainer(Regression(), data(), cfg(tmp_path), callbacks=[Short()]).fit()
+
+
+class StopBelow(Callback):
+    """Stops the run from an evaluation once the validation loss is below `target`."""
+
+    def __init__(self, target: float) -> None:
+        self.target = target
+
+    def on_evaluation_end(self, step: int, val_loss: float | None) -> str | None:
+        if step > 0 and val_loss is not None and val_loss < self.target:
+            return f"val_loss {val_loss:.3f} below {self.target}"
+        return None
+
+
+def test_a_callback_stops_the_run_from_an_evaluation_and_the_run_saves_that_step(tmp_path):
+    config = cfg(tmp_path, eval={"every": 3})
+    result = Trainer(
+        Regression(), data(), config, val_data=data(64), callbacks=[StopBelow(100.0)]
+    ).fit()
+    assert result.steps == 3 and result.stop_reason == "callback"  # the first evaluation past 0
+    assert result.stop_detail.startswith("val_loss ") and result.stop_detail.endswith(
+        " below 100.0"
+    )
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["checkpoint"]["newest_step"] == 3
+
+
+def test_thrifty_own_behaviours_are_the_runs_callbacks_around_the_users(tmp_path):
+    """The loop calls one list: the preemption notice, the budget, the evaluation and the
+    checkpoint saver, the user's callbacks in the order given, and the guard, which records."""
+    first, second = OddFigure(), StopAt(99)
+    trainer = Trainer(Regression(), data(), cfg(tmp_path), callbacks=[first, second])
+    names = [type(c).__name__ for c in trainer.events.items]
+    assert names == [
+        "PreemptionNotice",
+        "BudgetCheck",
+        "Evaluation",
+        "CheckpointSaver",
+        "OddFigure",
+        "StopAt",
+        "Guard",
+    ]
+    assert trainer.events.items[4] is first and trainer.events.items[5] is second

@@ -100,9 +100,7 @@ def test_a_relaunch_that_forgets_its_location_is_refused_and_the_right_one_resum
     assert steps == [1, 2, 3, 4, 5, 6]  # resumed at 4, not started over
 
 
-def test_a_run_directorys_checkpoints_are_not_another_runs_location_while_it_runs(
-    tmp_path, capsys
-):
+def test_a_run_directorys_checkpoints_are_not_another_runs_location_while_it_runs(tmp_path, capsys):
     first = tmp_path / "first"
     with RunLock(first, saves=first / "checkpoints"):  # `first` training now
         code, err = train(

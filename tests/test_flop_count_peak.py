@@ -17,6 +17,7 @@ from torch import nn
 import cpu_memory
 from thrifty import Trainer
 from thrifty.config import TrainConfig
+from thrifty.data.geometry import BatchGeometry
 from thrifty.demo import build_model
 from thrifty.levers.accumulation import call_model
 from thrifty.levers.activation_checkpointing import (
@@ -111,8 +112,9 @@ def test_the_count_at_a_fixed_micro_batch_is_made_on_two_samples_and_equals_a_fu
     direct = eager_count(model, data, 8)
     sizes = Sizes(model)
     precision = resolve_precision("fp32", torch.device("cpu"))
+    geometry = BatchGeometry.of(config(tmp_path, 8, 8).batch, 1)
     counted = count_step_flops(
-        model, data, config(tmp_path, 8, 8), torch.device("cpu"), precision, None, None, 8
+        model, data, geometry, torch.device("cpu"), precision, None, None, breakdown=True
     )
     assert max(sizes.seen) <= 3  # no step at the full micro-batch
     assert counted.flops == pytest.approx(direct.flops, rel=1e-3)
@@ -226,7 +228,8 @@ def test_samples_padded_to_the_micro_batchs_longest_are_counted_at_that_length(t
     data = Ragged()
     direct = measure_flops(model, pad([data[i] for i in range(8)]), call_model)
     precision = resolve_precision("fp32", torch.device("cpu"))
+    geometry = BatchGeometry.of(config(tmp_path, 8, 8).batch, 1)
     counted = count_step_flops(
-        model, data, config(tmp_path, 8, 8), torch.device("cpu"), precision, None, pad, 8
+        model, data, geometry, torch.device("cpu"), precision, None, pad, breakdown=True
     )
     assert counted.flops == pytest.approx(direct.flops, rel=1e-3)

@@ -21,7 +21,7 @@ from thrifty.data.loading import IgnoreStopSignals, LoaderSettings, _blocked, bu
 from thrifty.data.sampling import EpochSampler
 from thrifty.errors import ConfigError
 from thrifty.records.directory import read_metrics
-from thrifty.records.stop_signals import EXIT_PREEMPTED
+from thrifty.records.stop_signals import EXIT_PREEMPTED, parse_signals
 
 TESTS = Path(__file__).parent
 
@@ -180,6 +180,7 @@ def windows_of(data) -> tuple[list[list[int]], Any]:
     """The windows (one micro-batch of 4 each) thrifty hands the loop, with 2 workers, in order."""
     from thrifty.config import TrainConfig
     from thrifty.data.batching import TrainBatches
+    from thrifty.data.geometry import BatchGeometry
     from thrifty.records.state import TrainState
 
     config = TrainConfig.from_dict(
@@ -190,7 +191,14 @@ def windows_of(data) -> tuple[list[list[int]], Any]:
         }
     )
     batches = TrainBatches(
-        data, config, torch.device("cpu"), None, micro=4, accumulation=1, rank=0, world_size=1
+        data,
+        BatchGeometry(micro=4, accumulation=1, effective=4),
+        torch.device("cpu"),
+        None,
+        loading=config.data,
+        run=config.run,
+        stop_signals=parse_signals(config.spot.signals),
+        rank=0,
     )
     fetched = [w[0].tolist() for w in batches.windows(TrainState())]
     batches.close()
@@ -221,6 +229,7 @@ def test_a_worker_lost_mid_read_is_named_a_lost_worker_not_an_error_of_the_data(
     which one comes first is timing. Both must name the lost worker."""
     from thrifty.config import TrainConfig
     from thrifty.data.batching import TrainBatches
+    from thrifty.data.geometry import BatchGeometry
     from thrifty.records.state import TrainState
 
     config = TrainConfig.from_dict(
@@ -231,8 +240,14 @@ def test_a_worker_lost_mid_read_is_named_a_lost_worker_not_an_error_of_the_data(
         }
     )
     batches = TrainBatches(
-        list(range(32)), config, torch.device("cpu"), None, micro=4, accumulation=1, rank=0,
-        world_size=1,
+        list(range(32)),
+        BatchGeometry(micro=4, accumulation=1, effective=4),
+        torch.device("cpu"),
+        None,
+        loading=config.data,
+        run=config.run,
+        stop_signals=parse_signals(config.spot.signals),
+        rank=0,
     )
 
     def reset(epoch, start):

@@ -384,7 +384,9 @@ def test_a_run_scale_started_dies_with_scale_even_by_sigkill(tmp_path):
     import time
 
     pid_file = tmp_path / "child.pid"
-    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    child = (
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    )
     parent = (
         "import sys; from pathlib import Path; from thrifty.children import launch; "
         f"launch([sys.executable, '-c', {child!r}], {{}}, Path({str(tmp_path / 'log')!r}))"

@@ -34,8 +34,14 @@ def sweep_args(config: Path, space: Path, out: Path, *extra: str) -> list[str]:
         ('["optimizer.lr"]\nlow = 0.3\nhigh = 0.1\n', "is inverted"),
         ('["batch.micro"]\nchoices = [8, 12.5]\n', "batch.micro = 12.5 is invalid"),
         ('["optimizer.lr"\nlow = 1', "is not valid TOML"),
-        ('lr = 0.1\n', 'must be a table with low and high, or choices (quote the name, as in ["optimizer.lr"])'),
-        ('[lr]\nlow = 0.1\nhigh = 1.0\n', "is not a config key; use section.key, e.g. optimizer.lr"),
+        (
+            "lr = 0.1\n",
+            'must be a table with low and high, or choices (quote the name, as in ["optimizer.lr"])',
+        ),
+        (
+            "[lr]\nlow = 0.1\nhigh = 1.0\n",
+            "is not a config key; use section.key, e.g. optimizer.lr",
+        ),
     ],
 )
 def test_a_bad_space_is_one_line(
@@ -53,7 +59,15 @@ def test_a_bad_space_is_one_line(
         (["--budget", "5m", "--set", "run.max_time=1h"], "less than one trial"),
         (["--budget", "$0"], "dollars above 0"),
         (["--budget", "soon"], "a time (90m, 2h) or dollars"),
-        (["--budget", "$5", "--set", "cost.usd_per_gpu_hour=0", ], "is invalid"),
+        (
+            [
+                "--budget",
+                "$5",
+                "--set",
+                "cost.usd_per_gpu_hour=0",
+            ],
+            "is invalid",
+        ),
         (["--trials", "0"], "--trials 0 is invalid"),
         (["--workers", "0"], "--workers 0 is invalid"),
         (["--set", "run.out=elsewhere"], "remove run.out for a sweep"),

@@ -108,7 +108,5 @@ def test_a_gpt2_killed_and_resumed_follows_transformers_schedule_bit_for_bit(tmp
 
     assert column(tmp_path / "cut", "lr") == column(tmp_path / "ref", "lr")
     assert column(tmp_path / "cut", "loss") == column(tmp_path / "ref", "loss")
-    for a, b in zip(
-        reference.state_dict().values(), resumed.state_dict().values(), strict=True
-    ):
+    for a, b in zip(reference.state_dict().values(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b)

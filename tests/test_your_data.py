@@ -24,8 +24,10 @@ from thrifty import TrainConfig, Trainer
 from thrifty.cli import main
 from thrifty.data import sources
 from thrifty.data.batching import TrainBatches
+from thrifty.data.geometry import BatchGeometry
 from thrifty.errors import ThriftyError
 from thrifty.records.state import TrainState
+from thrifty.records.stop_signals import parse_signals
 
 TESTS = Path(__file__).parent
 MODEL = "{ n_layer = 1, n_head = 2, n_embd = 32, block_size = 32, dropout = 0.0 }"
@@ -250,13 +252,13 @@ def test_a_stream_is_split_so_no_sample_is_seen_twice_in_a_pass(workers):
     for rank in (0, 1):  # what each of two ranks is fed
         batches = TrainBatches(
             Ints(),
-            config,
+            BatchGeometry(micro=5, accumulation=1, effective=10, world_size=2),
             torch.device("cpu"),
             None,
-            micro=5,
-            accumulation=1,
+            loading=config.data,
+            run=config.run,
+            stop_signals=parse_signals(config.spot.signals),
             rank=rank,
-            world_size=2,
         )
         progress = TrainState()
         for batch in batches.windows(progress):
@@ -370,13 +372,13 @@ def fed_to_ranks(data: Dataset, world: int, **order: Any) -> list[list[int]]:
     for rank in range(world):
         batches = TrainBatches(
             data,
-            config,
+            BatchGeometry(micro=4, accumulation=1, effective=4 * world, world_size=world),
             torch.device("cpu"),
             None,
-            micro=4,
-            accumulation=1,
+            loading=config.data,
+            run=config.run,
+            stop_signals=parse_signals(config.spot.signals),
             rank=rank,
-            world_size=world,
             **{k: v(rank) for k, v in order.items()},
         )
         fed.append(
@@ -399,15 +401,16 @@ def test_a_sampler_that_shards_itself_is_taken_whole():
 
     fed = fed_to_ranks(Ids(), 2, sampler=sampler)
     assert fed[0] == list(sampler(0)) and fed[1] == list(sampler(1))
+    config = TrainConfig.from_dict({"run": {"max_steps": 1, "device": "cpu"}})
     batches = TrainBatches(
         Ids(),
-        TrainConfig.from_dict({"run": {"max_steps": 1, "device": "cpu"}}),
+        BatchGeometry(micro=4, accumulation=1, effective=8, world_size=2),
         torch.device("cpu"),
         None,
-        micro=4,
-        accumulation=1,
+        loading=config.data,
+        run=config.run,
+        stop_signals=parse_signals(config.spot.signals),
         rank=0,
-        world_size=2,
         sampler=sampler(0),
     )
     assert batches.source.exact  # its order follows from (seed, epoch): nothing to warn of

@@ -7,7 +7,8 @@ from typing import Any
 
 from torch import nn
 
-from thrifty.config import TrainConfig
+from thrifty.config import BatchConfig
+from thrifty.data.geometry import starting_micro
 from thrifty.errors import ThriftyError
 
 
@@ -47,19 +48,19 @@ def check_dataset(data: Any, where: str, micro_batch: int, micro_key: str) -> in
     return length
 
 
-def check_train_data(
+def check_train_batches(
     train_data: Any,
-    config: TrainConfig,
+    batch: BatchConfig,
     sampler: Any = None,
     batch_sampler: Any = None,
     where: str = "train_data",
 ) -> None:
-    """A map-style dataset (alone or with your sampler), a stream, or your DataLoader."""
+    """A map-style dataset (alone or with your sampler), a stream, or your DataLoader, that
+    `batch` (the [batch] section) can be drawn from."""
     from torch.utils.data import DataLoader
 
     from thrifty.data.sources import is_stream
 
-    micro = 1 if config.batch.micro == "auto" else config.batch.micro
     order = "sampler" if sampler is not None else "batch_sampler" if batch_sampler else None
     if sampler is not None and batch_sampler is not None:
         raise ThriftyError(
@@ -75,32 +76,34 @@ def check_train_data(
             f"{order} a map-style Dataset (with __getitem__ and __len__)"
             + (", or build the DataLoader with it" if loader else "")
         )
-    if loader and config.batch.micro == "auto":
+    if loader and batch.micro == "auto":
         raise ThriftyError(
             f"batch.micro = 'auto' sizes the batches thrifty's loader makes, and {where} is a "
             "DataLoader with its own batch size: set batch.micro to it"
         )
     if not (loader or stream):
-        check_dataset(train_data, where, micro, "batch.micro")
+        check_dataset(train_data, where, starting_micro(batch), "batch.micro")
 
 
 def check_inputs(
     model: Any,
     train_data: Any,
     val_data: Any,
-    config: TrainConfig,
+    batch: BatchConfig,
     *,
+    eval_micro: int | None,
+    target: float | None,
     sampler: Any = None,
     batch_sampler: Any = None,
 ) -> None:
-    """Everything a Trainer is handed, checked in the order a person would fix it."""
+    """Everything a Trainer is handed, checked in the order a person would fix it: `batch` is
+    the [batch] section, `eval_micro` eval.micro, `target` early_stopping.target (it needs a
+    validation set)."""
     from thrifty.run.forecast import require_validation
 
-    micro = 1 if config.batch.micro == "auto" else config.batch.micro
     check_model(model)
-    check_train_data(train_data, config, sampler, batch_sampler)
-    require_validation(config.early_stopping.target, val_data is not None)
+    check_train_batches(train_data, batch, sampler, batch_sampler)
+    require_validation(target, val_data is not None)
     if val_data is not None:
-        eval_micro = config.eval.micro
         name = "eval.micro" if eval_micro else "batch.micro"
-        check_dataset(val_data, "val_data", eval_micro or micro, name)
+        check_dataset(val_data, "val_data", eval_micro or starting_micro(batch), name)

@@ -1,11 +1,12 @@
 """The Trainer: one training loop that applies every cost lever from one config.
 
 A Trainer is built whole in `__init__`: device, precision, strategy, optimizer, schedule, data,
-the run checkpointer. `fit()` opens the run (resuming it if a checkpoint exists) and loops over
-the windows: each step (`thrifty.run.step`) calls the levers it uses, it does not branch on
-them, and the step boundary (`thrifty.run.boundary`) asks the budget, the evaluation, the
-preemption watch, the guard and the checkpointer whether to go on. `close()` (or `with Trainer(...) as trainer:`) leaves the
-process group.
+the run checkpointer, the run's callbacks. `fit()` opens the run (resuming it if a checkpoint
+exists) and loops over the windows: each step (`thrifty.run.step`) calls the levers it uses, it
+does not branch on them, and at its end the run's callbacks decide, in order, on the votes
+every rank cast: the preemption notice, the budget, the evaluation (early stopping, the
+forecast), the checkpoint saver, the user's callbacks, and the guard that records the step
+(`thrifty.callbacks`). `close()` (or `with Trainer(...) as trainer:`) leaves the process group.
 """
 
 from __future__ import annotations
@@ -19,28 +20,25 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset
 
-from thrifty.callbacks import Callback, Callbacks
+from thrifty.callbacks import Callback, Callbacks, StepEnd
+from thrifty.callbacks.budget import BudgetCheck
+from thrifty.callbacks.checkpoint_saver import CheckpointSaver, PreemptionNotice
+from thrifty.callbacks.evaluation import Evaluation
+from thrifty.callbacks.guard import Guard, stop_saved
 from thrifty.checkpoint.manifest import step_dir
 from thrifty.config import RunConfig, TrainConfig
-from thrifty.data.batching import TrainBatches, check_token_budget, starting_accumulation
-from thrifty.data.sources import is_stream
-from thrifty.errors import ConfigError, DataSourceError, ThriftyError
+from thrifty.data.batching import check_token_budget
+from thrifty.errors import DataSourceError, ThriftyError
 from thrifty.inputs import check_inputs
-from thrifty.levers.accumulation import LossFn, call_model, count_tokens
-from thrifty.levers.activation_checkpointing import apply_activation_checkpointing
-from thrifty.levers.compile import compile_model
-from thrifty.levers.early_stopping import EarlyStopping
-from thrifty.levers.fp8 import apply_fp8
-from thrifty.levers.micro_batch import Halving, MicroSearch, measure_micro, scaled_count
-from thrifty.levers.optimizer import OptimizerArg, make_optimizer
-from thrifty.levers.precision import LossScaler, Precision, resolve_precision
-from thrifty.levers.user_scheduler import SchedulerArg, run_scheduler
+from thrifty.levers.accumulation import LossFn, count_tokens
+from thrifty.levers.optimizer import OptimizerArg
+from thrifty.levers.precision import LossScaler
+from thrifty.levers.user_scheduler import SchedulerArg
 from thrifty.measure import instruments
 from thrifty.measure.monitor import RunMonitor
 from thrifty.measure.timing import maybe_trace
-from thrifty.records.budget import Budget
 from thrifty.records.state import FitResult, RunClock, TrainState
 from thrifty.records.stop import StopReason
 from thrifty.records.stop_signals import active_stop_signals
@@ -52,14 +50,8 @@ from thrifty.reporting.end_of_run import (
     stop_line,
 )
 from thrifty.reporting.summary import RunFacts, fit_result, write_outputs
-from thrifty.run.boundary import StepBoundary
-from thrifty.run.checkpointer import Layout, RunCheckpointer, RunParts
 from thrifty.run.evaluation import validation_loss
-from thrifty.run.guard import RunGuard
-from thrifty.run.rng import seed_everything
-from thrifty.run.step import TrainStep
-from thrifty.run.watch import RunWatch
-from thrifty.strategies.choice import make_strategy
+from thrifty.run.setup import assemble_run, set_up_levers
 from thrifty.strategies.device import resolve_device
 from thrifty.strategies.process_group import Distributed, check_same_config, init_distributed
 from thrifty.strategies.timeouts import lost_rank_error
@@ -107,18 +99,26 @@ class Trainer:
         callbacks: list[Callback] | None = None,
     ) -> None:
         self.config = cfg = config or TrainConfig(run=RunConfig(max_epochs=1))
-        check_inputs(model, train_data, val_data, cfg, sampler=sampler, batch_sampler=batch_sampler)
+        check_inputs(
+            model,
+            train_data,
+            val_data,
+            cfg.batch,
+            eval_micro=cfg.eval.micro,
+            target=cfg.early_stopping.target,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+        )
         self._order = {"sampler": sampler, "batch_sampler": batch_sampler}
         self.model, self.val_data, self.loss_fn = model, val_data, loss_fn
-        # Who drives this Trainer: messages name CLI flags ("cli") or Python arguments ("api").
-        self.interface = "api"
+        # Trained from a script: fit() shows the result and the exit code the script should end
+        # with. `thrifty train` sets False: it shows the result and exits with the code itself.
+        self.from_script = True
         self.diagnosis: Any = None  # set by fit(): what limited the steps, what to change
         self.checkpoint_status: dict[str, Any] | None = None  # the newest save, once fit() ends
         self.run_dir: Path | None = None
         self._fitted = False
-        # None without callbacks: the step then pays nothing for them.
-        self.callbacks = Callbacks(callbacks) if callbacks else None
-        self._stop_detail: str | None = None  # a callback's words for its stop
+        self.callbacks = Callbacks(callbacks or [])  # the user's, in the order given
         # Under torchrun: join the process group; this rank's device is cuda:LOCAL_RANK.
         self.dist: Distributed
         self.dist, device = init_distributed(cfg.distributed, cfg.run.device)
@@ -141,143 +141,91 @@ class Trainer:
         cfg, dist = self.config, self.dist
         check_same_config(dist, cfg.to_dict(secrets=False))
         check_token_budget(train_data, collate_fn, cfg.run.max_tokens)  # before any cost
-        self.device = resolve_device(device)
-        self.precision: Precision = resolve_precision(cfg.precision.mode, self.device)
-        auto = cfg.batch.micro == "auto"
-        # The micro-batch until measured (with "auto": one sample, for the FLOP count).
-        self.micro = 1 if auto else cfg.batch.fixed_micro
-        self.effective_batch = cfg.batch.effective or self.micro * dist.world_size
-        self.accumulation = starting_accumulation(cfg.batch, dist.world_size, self.micro)
-        self.micro_search: MicroSearch | None = None
-        self.strategy = make_strategy(dist)
-        given = isinstance(optimizer, torch.optim.Optimizer)
-        self.strategy.check(self.precision, optimizer_given=given, auto_micro=auto)
-        # The same seed everywhere built the same initial weights; from here on each rank
-        # draws its own random numbers (dropout), and rank 0 those of a single process.
-        seed_everything(cfg.run.seed + dist.rank)
-        if cfg.run.deterministic:
-            torch.use_deterministic_algorithms(True, warn_only=True)
-        if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = cfg.precision.allow_tf32
-            torch.backends.cudnn.allow_tf32 = cfg.precision.allow_tf32
-        self.model.to(self.device)
-        # Counted before activation checkpointing: model FLOPs only, not the recomputation.
-        self.flops = instruments.count_step_flops(
+        levers = set_up_levers(
             self.model,
             train_data,
-            cfg,
-            self.device,
-            self.precision,
-            self.loss_fn,
-            collate_fn,
-            self.micro,
-        )
-        if self.precision.name == "fp8":  # after the FLOP count, before anything wraps it
-            apply_fp8(self.model)
-        policy = cfg.activation_checkpointing.policy
-        self.held = instruments.held_on_every_rank(self.dist, self.flops, policy)
-        try:
-            self.checkpointed_blocks = apply_activation_checkpointing(self.model, policy, self.held)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
-        # Wrapped after activation checkpointing (FSDP shards the checkpointed blocks) and
-        # before the optimizer is built (FSDP replaces the parameters with their shards).
-        wrapped = self.strategy.wrap(self.model, self.precision)
-        self.optimizer = make_optimizer(
-            optimizer, self.model, cfg.optimizer, self.device, self.effective_batch
-        )
-        if auto:
-            self._find_micro(wrapped, train_data, collate_fn)
-        self.batches = TrainBatches(
-            train_data,
-            cfg,
-            self.device,
-            collate_fn,
-            micro=self.micro,
-            accumulation=self.accumulation,
-            rank=dist.rank,
-            world_size=dist.world_size,
-            **self._order,
-        )
-        self.forward_model = compile_model(wrapped, cfg.compile.mode)
-        self.state = TrainState()
-        self.budget = Budget.of(cfg.run, self.batches.steps_per_epoch)
-        scheduler, horizon, make_scheduler = run_scheduler(
-            scheduler,
-            self.optimizer,
-            cfg,
-            self.budget.epoch_steps,
-            self.effective_batch,
-            self.batches.steps_per_epoch,
-        )
-        parts = RunParts(
-            self.model,
-            self.optimizer,
-            scheduler,
-            self.precision.make_scaler(),
-            EarlyStopping(cfg.early_stopping.patience, cfg.early_stopping.min_delta),
-            RunGuard(cfg.guard),
-            self.batches,
-        )
-        layout = Layout(
-            self.effective_batch, self.accumulation, self.batches.steps_per_epoch, horizon
-        )
-        self.checkpointer = RunCheckpointer(
-            cfg, dist, self.strategy, parts, self.state, layout, make_scheduler
-        )
-        self.watch = RunWatch(cfg, dist, self.checkpointer, self.budget)
-        self.parts = parts
-        self.halving = Halving(self.micro, self.device)  # out-of-memory errors survived
-        self.train_step = TrainStep(
             cfg,
             dist,
-            self.strategy,
-            self.precision,
-            self.device,
-            parts,
-            forward_model=self.forward_model,
+            device,
+            optimizer=optimizer,
             loss_fn=self.loss_fn,
-            halving=self.halving,
-            log_event=self.watch.log_event,
+            collate_fn=collate_fn,
         )
-        self.boundary = StepBoundary(
+        self.device, self.precision = levers.device, levers.precision
+        self.strategy, self.geometry = levers.strategy, levers.geometry  # resolved once
+        self.flops, self.held, self.micro_search = levers.flops, levers.held, levers.micro_search
+        self.set_up = levers.set_up
+        self.checkpointed_blocks, self.optimizer = levers.checkpointed_blocks, levers.optimizer
+        run = assemble_run(
+            self.model,
+            train_data,
             cfg,
-            self.state,
-            self.budget,
-            self.watch,
-            self.checkpointer,
-            lambda: self._evaluated(self.evaluate()),  # looked up when called: a subclass's
-            validates=self.val_data is not None,
+            dist,
+            levers,
+            collate_fn=collate_fn,
+            order=self._order,
+            scheduler=scheduler,
+            loss_fn=self.loss_fn,
+            log_event=self.log_event,
         )
+        self.batches, self.forward_model, self.parts = run.batches, run.forward_model, run.parts
+        self.state, self.budget, self.checkpointer = run.state, run.budget, run.checkpointer
+        self.halving, self.train_step = run.halving, run.train_step
+        self.events = self._events()
         log_setup(self.dist, self.precision, self.micro, self.accumulation)
         log_checkpointing(cfg.activation_checkpointing.policy, self.checkpointed_blocks, self.held)
 
-    def _find_micro(
-        self, wrapped: nn.Module, data: Dataset, collate_fn: Callable[[list[Any]], Any] | None
-    ) -> None:
-        """batch.micro = "auto": measured, then the accumulation makes up the effective batch."""
-        world = self.dist.world_size
-
-        def call(batch: Any) -> torch.Tensor:
-            with self.strategy.grad_sync(False), self.precision.autocast():
-                return call_model(wrapped, batch, self.loss_fn)
-
-        search = measure_micro(
-            self.model,
-            self.optimizer,
-            data,
-            collate_fn or default_collate,
-            call,
-            device=self.device,
-            per_rank=self.effective_batch // world,  # at most the data's: see measure_micro
-            margin=self.config.batch.memory_margin,
-            agree=lambda fits: not self.dist.any_of(not fits)[0],
-            stream=is_stream(data),
+    def _events(self) -> Callbacks:
+        """The run's callbacks in the order they are called: thrifty's own around the user's
+        (`thrifty.callbacks.events`). Each decides at a step's end from the votes it cast."""
+        cfg = self.config
+        self.guard = Guard(
+            cfg.guard,
+            self.checkpointer,
+            self.dist,
+            log_every=cfg.run.log_every,
+            log_event=self.log_event,
         )
-        self.micro, self.micro_search = search.chosen, search
-        self.accumulation = self.config.batch.accumulation_steps(world, self.micro)
-        if self.flops is not None:  # counted on one sample: FLOPs and activations scale with it
-            self.flops = scaled_count(self.flops, self.micro)
+        self.evaluation = Evaluation(
+            self.state,
+            self.budget,
+            self.parts.early_stopping,
+            self.parts.guard,
+            lambda: self.evaluate(),  # looked up when called: a subclass's
+            every=cfg.eval.every,
+            target=cfg.early_stopping.target,
+            guard_config=cfg.guard,
+            warmup_steps=cfg.schedule.warmup_steps,
+            validates=self.val_data is not None,
+            hear=self.callbacks,
+            log_event=self.log_event,
+        )
+        return Callbacks(
+            [
+                PreemptionNotice(self.checkpointer),
+                BudgetCheck(self.budget, self.state, self.dist.world_size),
+                self.evaluation,
+                CheckpointSaver(self.checkpointer, self.guard, self._saved),
+                *self.callbacks.items,
+                self.guard,
+            ]
+        )
+
+    def log_event(self, **fields: Any) -> None:
+        """An event of the current step in metrics.jsonl (rank 0's)."""
+        metrics = self.checkpointer.metrics
+        if metrics is not None:
+            metrics.write([{"step": self.state.step, **fields}])
+
+    @property
+    def micro(self) -> int:
+        """The micro-batch set up (measured with batch.micro = "auto"): `geometry.micro`."""
+        return self.geometry.micro
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches per optimizer step on each rank: `geometry.accumulation`."""
+        return self.geometry.accumulation
 
     @property
     def micro_now(self) -> int:
@@ -339,9 +287,10 @@ class Trainer:
             finally:
                 self.checkpointer.release()
             if speak and self.dist.is_main:
-                show_result(result, self.diagnosis, self.interface)
-            elif self.interface == "api" and self.dist.is_main and stop_line(result, "api"):
-                log.warning(stop_line(result, "api"))  # the script's logging: the exit code too
+                show_result(result, self.diagnosis, from_script=self.from_script)
+            elif self.from_script and self.dist.is_main and stop_line(result, from_script=True):
+                # the script's logging: the exit code too
+                log.warning(stop_line(result, from_script=True))
         return result
 
     def _fit(self) -> FitResult:
@@ -349,10 +298,12 @@ class Trainer:
         # A stop signal before the loop is "nothing to save yet" (StopRequested), on every rank.
         stops = active_stop_signals()
         stops.check(self._agreed)  # before the run directory is claimed
-        self.run_dir = self.checkpointer.open(self.interface)
+        self.run_dir = self.checkpointer.open()
         stops.resume_step = self.state.step
+        cfg = self.config
         monitor = instruments.build_monitor(
-            self.config,
+            cfg.measure,
+            cfg.cost,
             self.device,
             self.precision,
             self.dist,
@@ -361,19 +312,22 @@ class Trainer:
             budget=self.budget,
             progress=self.state,
             lost=self.checkpointer.lost,
+            bar=cfg.run.progress,
+            compiled=cfg.compile.mode != "off",
+            allow_tf32=cfg.precision.allow_tf32,
         )
         self.checkpointer.cost = monitor.cost
+        self.monitor = monitor
         if monitor.cost is not None:
             monitor.cost.begin(wall_start)  # an attempt is billed from the start of fit()
         s = self.state
         try:
             stops.check(self._agreed)  # the checkpoint is loaded: still nothing to save
-            if self.callbacks:
-                self.callbacks.fit_start(self)
-            finished = self.boundary.before_loop(stops)
+            self.events.fit_start(self)
+            finished = self.evaluation.before_loop(stops)
             windows = self.batches.windows(s, self.dist) if finished is None else iter(())
             reason = StopReason.decide(finished, StopReason.DATA_EXHAUSTED)
-            clock = RunClock(s.seconds)
+            self.clock = clock = RunClock(s.seconds)
             self.checkpointer.start()  # from here a stop signal saves a checkpoint
             stops.check(self._agreed)  # one that came before the watcher took over
             stops.past_set_up = True
@@ -394,7 +348,7 @@ class Trainer:
                         break
                     clock.step_start = time.perf_counter()
                     monitor.timer.start()
-            reason = StopReason.decide(self.watch.flush(monitor), reason)
+            reason = StopReason.decide(self.guard.flush(), reason)
             if self.batches.error is not None:
                 # The data raised (a worker lost to the group's SIGTERM, a source gone): every
                 # finished step is saved, and a stop that was asked for is a preemption (its
@@ -403,8 +357,7 @@ class Trainer:
                 reason = (
                     StopReason.PREEMPTED if self.checkpointer.preempted else StopReason.DATA_ERROR
                 )
-            if self.callbacks:
-                self.callbacks.stop(s.step, reason)
+            self.events.stop(s.step, reason)
             # A diverged run keeps its last good checkpoint as the newest.
             final = reason.saves_final and self.config.checkpoint.final
             if final:
@@ -412,8 +365,8 @@ class Trainer:
             self.dist.timeouts.end(self.dist.rank)  # rank 0 uploads while the others wait
             self.checkpoint_status = self.checkpointer.finish()
             self.dist.barrier()  # no rank leaves while rank 0 still writes the checkpoint
-            if final and self.callbacks and self.checkpointer.newest_step == s.step:
-                self.callbacks.save(s.step, self._save_location(s.step))
+            if final and self.checkpointer.newest_step == s.step:
+                self._saved(s.step)
         except BaseException:
             self.checkpointer.abandon()
             raise
@@ -423,7 +376,7 @@ class Trainer:
         facts = self._facts(reason, monitor)
         result = fit_result(facts, reason, monitor, time.perf_counter() - wall_start)
         if reason is StopReason.CALLBACK:
-            result.stop_detail = self._stop_detail
+            result.stop_detail = self.callbacks.stop_detail or self.events.stop_detail
         if self.dist.is_main:
             self.diagnosis = write_outputs(facts, result, monitor)
         if reason is StopReason.DATA_ERROR:
@@ -431,15 +384,15 @@ class Trainer:
                 f"the training data raised {self.batches.error} after step {s.step}, which is "
                 "saved: fix the source and run the same command to resume there"
             )
-        if self.callbacks:
-            self.callbacks.fit_end(result)
+        self.events.fit_end(result)
         return result
 
     def _facts(self, reason: StopReason, monitor: RunMonitor) -> RunFacts:
         """What reporting needs of this run, as it ended with `reason`."""
         early, guard = self.parts.early_stopping, self.parts.guard
         return RunFacts(
-            config=self.config,
+            set_up=self.set_up,
+            report=self.config.log.report,
             device=self.device,
             precision=self.precision,
             progress=self.state,
@@ -448,16 +401,14 @@ class Trainer:
             parameters=sum(p.numel() for p in self.model.parameters() if p.requires_grad),
             checkpointed_blocks=self.checkpointed_blocks,
             flops=self.flops,
-            micro=self.micro,
+            geometry=self.geometry,
             micro_now=self.micro_now,
             micro_search=self.micro_search.to_dict() if self.micro_search else None,
-            accumulation=self.accumulation,
-            effective_batch=self.effective_batch,
             num_workers=self.batches.num_workers,
             worker_choice=self.batches.worker_choice,
             best_val_loss=early.best if early.history else None,
             guard=guard.summary(),
-            guard_saved=self.watch.saved(reason, monitor),
+            guard_saved=stop_saved(reason, self.budget, self.state, monitor),
             run_dir=self.run_dir,
             checkpoint=self.checkpoint_status,
             metrics=self.checkpointer.metrics,
@@ -468,8 +419,9 @@ class Trainer:
         return self.dist.any_of(flag)[0]
 
     def _step(self, window: list[Any], monitor: RunMonitor, clock: RunClock) -> StopReason | None:
-        """One optimizer step on `window` and its boundary; the stop reason, or None."""
-        cfg, s, timer = self.config, self.state, monitor.timer
+        """One optimizer step on `window`, then its end: the run's callbacks in order decide
+        on the votes every rank cast (`thrifty.callbacks.events`). The stop reason, or None."""
+        s, timer, events = self.state, monitor.timer, self.events
         timer.mark("data_wait")
         lr = self.optimizer.param_groups[0]["lr"]
         weighting = self.train_step.weighting
@@ -482,26 +434,22 @@ class Trainer:
             totals = self.dist.sum_ints([samples, tokens, sum(counts[1])])
 
         def say() -> list[int]:
-            """This rank's word at the boundary, read once backward is done: the counts, a
-            preemption notice, its clock, a save due."""
-            out_of_time = self.budget.out_of_time(clock.seconds())
-            due = self.checkpointer.due(s.step + 1)
-            word = [samples, tokens, self.checkpointer.preempted, out_of_time, due]
-            # The callbacks' votes ride on the same sum: no collective of their own.
-            return word + self.callbacks.vote(s.step + 1) if self.callbacks else word
+            """This rank's word, read once backward is done: its counts and the callbacks'
+            votes (a preemption notice, its clock, a save due), summed on the step's one
+            agreement across the ranks."""
+            return [samples, tokens, *events.vote(s.step + 1)]
 
         loss, grad_norm, skipped, heard = self.train_step.run(
             window, counts, timer, totals and totals[::2], say if self.dist.enabled else None
         )
         seconds = clock.seconds()
-        preempted, due = self.checkpointer.preempted, self.checkpointer.due(s.step + 1)
-        time_up = False
-        if heard is not None:  # every rank's say, agreed on with the out-of-memory verdict
+        if heard is None:  # one process: its own votes are the sum
+            votes = events.vote(s.step + 1)
+        else:  # every rank's say, agreed on with the out-of-memory verdict
             samples, tokens = (totals or heard)[:2]
-            preempted, time_up, due = (n > 0 for n in heard[2:5])
+            votes = heard[2:]
         s.advance(samples, tokens, seconds, self.accumulation)
         self.dist.timeouts.step_done(s.step)
-        reason = self.boundary.after_step(preempted, time_up, due, loss, skipped, monitor, clock)
         record = {
             "step": s.step,
             "loss": loss,
@@ -510,61 +458,26 @@ class Trainer:
             "lr": lr,
             "samples": s.samples,
             "tokens": s.tokens,
-            "step_seconds": time.perf_counter() - clock.step_start,
+            "step_seconds": 0.0,  # the guard's, the last callback: the step's whole time
             "samples_in_step": samples,
             "tokens_in_step": tokens,
         }
-        # A step saved is written out with its checkpoint, before the save (written in the
-        # background) is published: a run killed after it resumes with that step's record.
-        saved = self.checkpointer.newest_step == s.step
-        if self.callbacks:
-            votes = heard[5:] if heard is not None else None
-            reason = self._step_end(self.callbacks, record, votes, reason, saved)
-        monitor.add(record, timer.finish())
-        if len(monitor.pending) >= cfg.run.log_every or reason is not None or saved:
-            reason = StopReason.decide(self.watch.flush(monitor), reason)
-        return reason
+        info = StepEnd(s.step, record)
+        events.step_end(info, votes)
+        return info.reason
 
-    def _step_end(
-        self,
-        callbacks: Callbacks,
-        record: dict[str, Any],
-        votes: list[int] | None,
-        reason: StopReason | None,
-        saved: bool,
-    ) -> StopReason | None:
-        """The callbacks' part of the step's end, after thrifty's own: the save this step made,
-        then `on_step_end`, whose stop joins `reason`. `votes` is the ranks' sum of the
-        callbacks' votes (None with one process: this process's own are the sum)."""
-        step = self.state.step
-        if saved:
-            callbacks.save(step, self._save_location(step))
-        if votes is None:
-            votes = callbacks.vote(step)
-        asked = callbacks.step_end(step, record, votes)
-        if asked is None:
-            return reason
-        log.warning("a callback stops the run at step %d: %s", step, asked)
-        if self._stop_detail is None:
-            self._stop_detail = asked
-        return StopReason.decide(reason, StopReason.CALLBACK)
-
-    def _save_location(self, step: int) -> str | None:
-        """Where step `step`'s checkpoint is on this machine, once written (rank 0): a callback
-        that listens for saves waits for the background write; None on the other ranks."""
+    def _saved(self, step: int) -> None:
+        """Step `step`'s checkpoint is saved: the callbacks that listen hear where it is on
+        this machine (rank 0, once written: they wait for the background write; None on the
+        other ranks)."""
+        if not self.callbacks.hears_saves:
+            return
         manager = self.checkpointer.manager
-        if manager is None:
-            return None
-        assert self.callbacks is not None
-        if self.callbacks.hears_saves:
+        location = None
+        if manager is not None:
             manager.wait(uploads=False)
-        return os.path.join(manager.local_dir, step_dir(step))
-
-    def _evaluated(self, val_loss: float | None) -> float | None:
-        """An evaluation's loss, heard by the callbacks before thrifty judges it."""
-        if self.callbacks and self.val_data is not None:
-            self.callbacks.evaluation_end(self.state.step, val_loss)
-        return val_loss
+            location = os.path.join(manager.local_dir, step_dir(step))
+        self.callbacks.save(step, location)
 
     def evaluate(self) -> float | None:
         """Mean validation loss (weighted by samples, or tokens with a loss_mask), or None."""
@@ -572,14 +485,15 @@ class Trainer:
             return None
         self.strategy.before_eval()
         e = self.config.eval
+        micro = e.micro or self.micro
         return validation_loss(
             self.model,
             self.forward_model,
-            self.batches.eval_loader(self.val_data, self.dist.rank),
+            self.batches.eval_loader(self.val_data, self.dist.rank, micro),
             device=self.device,
             precision=self.precision,
             loss_fn=self.loss_fn,
             dist=self.dist,
             max_batches=e.batches,
-            micro=e.micro or self.micro,
+            micro=micro,
         )

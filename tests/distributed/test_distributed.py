@@ -443,13 +443,13 @@ def test_a_world_size_that_does_not_divide_the_global_batch_is_one_line_before_a
 def test_each_rank_refuses_a_global_batch_its_world_size_does_not_divide(tmp_path, micro, line):
     # The ranks' own check, for jobs started by torchrun rather than by --nprocs.
     from thrifty.config import load_config
-    from thrifty.data.batching import starting_accumulation
+    from thrifty.data.geometry import BatchGeometry
 
     config = load_config(write_config(tmp_path, "bad", micro=micro, effective=64))
     start = 16 if micro == "16" else 1  # with "auto", one sample until measured
-    assert starting_accumulation(config.batch, 2, start) == 64 // (start * 2)
+    assert BatchGeometry.of(config.batch, 2).accumulation == 64 // (start * 2)
     with pytest.raises(ConfigError) as raised:
-        starting_accumulation(config.batch, 3, start)
+        BatchGeometry.of(config.batch, 3)
     assert str(raised.value) == f"batch.effective = 64 is invalid: {line}"
 
 

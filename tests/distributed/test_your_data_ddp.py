@@ -230,6 +230,8 @@ import torch
 import streams
 from thrifty.config import TrainConfig
 from thrifty.data.batching import TrainBatches
+from thrifty.data.geometry import BatchGeometry
+from thrifty.records.stop_signals import parse_signals
 from thrifty.records.state import TrainState
 from thrifty.strategies.process_group import init_distributed
 
@@ -241,9 +243,11 @@ dist, _ = init_distributed(config.distributed, "cpu")
 def first_pass(data, workers):
     # Every sample the trainer's windows hand this rank in pass 0 (its input tokens).
     config = TrainConfig.from_dict({"run": RUN, "data": {"num_workers": workers}})
+    world = dist.world_size
     batches = TrainBatches(
-        data, config, torch.device("cpu"), None, micro=4,
-        accumulation=2, rank=dist.rank, world_size=dist.world_size,
+        data, BatchGeometry(4, 2, 4 * 2 * world, world), torch.device("cpu"), None,
+        loading=config.data, run=config.run, stop_signals=parse_signals(config.spot.signals),
+        rank=dist.rank,
     )
     progress, seen = TrainState(), []
     for window in batches.windows(progress, dist):

@@ -52,9 +52,13 @@ def killed_job(folder: Path) -> Path:
     """The tiny demo job of the run directory tests, with no budget to speak of, a checkpoint
     every 40 steps and PRICE."""
     config = job(folder, steps=100000)
-    text = config.read_text().replace('every = "off"', "every = 40").replace("report = true", "report = false")
+    text = (
+        config.read_text()
+        .replace('every = "off"', "every = 40")
+        .replace("report = true", "report = false")
+    )
     price = "".join(f"{k} = {json.dumps(v)}\n" for k, v in PRICE.items())
-    config.write_text(f'{text}[cost]\n{price}'.replace("[run]\n", '[run]\nname = "killed"\n'))
+    config.write_text(f"{text}[cost]\n{price}".replace("[run]\n", '[run]\nname = "killed"\n'))
     return config
 
 
@@ -70,7 +74,10 @@ def killed_and_resumed(folder: Path) -> list[dict]:
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and child.poll() is None:
-        if _last_step(folder) >= 45 and (folder / "checkpoints/step-00000040/manifest.json").exists():
+        if (
+            _last_step(folder) >= 45
+            and (folder / "checkpoints/step-00000040/manifest.json").exists()
+        ):
             break
         time.sleep(0.005)
     child.send_signal(signal.SIGKILL)

@@ -87,7 +87,9 @@ def fleet(tmp_path_factory):
 
 def test_a_job_resumed_on_another_machine_is_one_row_its_parts_summed(fleet):
     root, server = fleet
-    ledger = read_ledger([str(root / "a"), str(root / "b")], storage_options=options(server.endpoint))
+    ledger = read_ledger(
+        [str(root / "a"), str(root / "b")], storage_options=options(server.endpoint)
+    )
     (job,) = ledger.jobs
     assert job.machines == 2 and job.state == "finished" and job.steps == 30
     rate = 3.0 / 3600
@@ -121,7 +123,9 @@ def env_for(monkeypatch, endpoint: str) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
 
 
-def test_the_bucket_gives_each_location_its_bytes_and_their_price_a_month(fleet, monkeypatch, capsys):
+def test_the_bucket_gives_each_location_its_bytes_and_their_price_a_month(
+    fleet, monkeypatch, capsys
+):
     root, server = fleet
     env_for(monkeypatch, server.endpoint)
     assert main(["runs", str(root / "a"), str(root / "b"), f"s3://{BUCKET}/jobs", "--json"]) == 0

@@ -84,7 +84,9 @@ def test_runs_priced_from_different_catalogs_are_said(team, tmp_path, capsys):
     for name, catalog in (("a", "one.toml"), ("b", "two.toml")):
         shutil.copytree(team.root / "plain", runs / name)
         config = runs / name / "config.toml"
-        config.write_text(config.read_text().replace("[cost]\n", f'[cost]\ncatalog = "{catalog}"\n'))
+        config.write_text(
+            config.read_text().replace("[cost]\n", f'[cost]\ncatalog = "{catalog}"\n')
+        )
     code, _, err = cli(capsys, str(runs))
     assert code == 0
     assert "runs priced from different catalogs: one.toml (1 run(s)), two.toml (1 run(s))" in err

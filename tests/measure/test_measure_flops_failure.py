@@ -55,16 +55,16 @@ class Regression(torch.nn.Module):
 def test_a_micro_batch_too_large_to_count_is_counted_on_one_sample(monkeypatch) -> None:
     """The training halves a micro-batch that does not fit; its FLOP count (and so the MFU)
     must not be lost to the same error: one sample, scaled, gives the same figure."""
-    from thrifty.config import TrainConfig
+    from thrifty.data.geometry import BatchGeometry
     from thrifty.levers.precision import resolve_precision
     from thrifty.measure import instruments
 
     model = Regression()
     data = [{"x": torch.randn(16)} for _ in range(8)]
-    cfg = TrainConfig.from_dict({"run": {"max_steps": 1}})
+    geometry = BatchGeometry(micro=8, accumulation=1, effective=8)
     cpu = torch.device("cpu")
-    args = (model, data, cfg, cpu, resolve_precision("fp32", cpu), None, None, 8)
-    exact = instruments.count_step_flops(*args)
+    args = (model, data, geometry, cpu, resolve_precision("fp32", cpu), None, None)
+    exact = instruments.count_step_flops(*args, breakdown=True)
     real = instruments.measure_flops
     sizes: list[int] = []
 
@@ -75,6 +75,6 @@ def test_a_micro_batch_too_large_to_count_is_counted_on_one_sample(monkeypatch) 
         return real(model, batch, call, device=device, blocks=blocks)
 
     monkeypatch.setattr(instruments, "measure_flops", fits_one)
-    scaled = instruments.count_step_flops(*args)
+    scaled = instruments.count_step_flops(*args, breakdown=True)
     assert sizes == [2, 1]  # the count's two samples do not fit either
     assert scaled is not None and scaled.flops == exact.flops > 0

@@ -88,7 +88,9 @@ def run_runs_command(args: argparse.Namespace) -> int:
     from thrifty.plan.catalog import load_catalog
 
     if args.lifecycle is not None and args.lifecycle < 1:
-        raise ThriftyError(f"--lifecycle {args.lifecycle} is invalid: give a whole number of days, 1 or more")
+        raise ThriftyError(
+            f"--lifecycle {args.lifecycle} is invalid: give a whole number of days, 1 or more"
+        )
     catalog = load_catalog(args.catalog)
     ledger = read_ledger(args.paths, since=parse_since(args.since), catalog=catalog)
     _say_skipped(ledger)
@@ -242,7 +244,11 @@ def _lifecycle(ledger: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     for p in plans:
         text = to_json(configuration(p))
         kind = "gcs" if p.protocol == "gs" else "s3"
-        file = _write(Path(args.out), f"{p.bucket}.{kind}-lifecycle.json", text, args.overwrite) if args.out else None
+        file = (
+            _write(Path(args.out), f"{p.bucket}.{kind}-lifecycle.json", text, args.overwrite)
+            if args.out
+            else None
+        )
         summary = (
             f"{p.protocol}://{p.bucket}: {len(p.expire)} superseded checkpoint folder(s) "
             f"({fmt_bytes(p.expire_bytes)}) expire {p.days} days after they were written; "
@@ -287,7 +293,9 @@ def _own_lifecycle(path: Path) -> bool:
         return False
     rules = data.get("Rules")
     if isinstance(rules, list):
-        return all(isinstance(r, dict) and str(r.get("ID", "")).startswith("thrifty-") for r in rules)
+        return all(
+            isinstance(r, dict) and str(r.get("ID", "")).startswith("thrifty-") for r in rules
+        )
     gcs = data.get("lifecycle", {}).get("rule") if isinstance(data.get("lifecycle"), dict) else None
     return isinstance(gcs, list) and all(
         isinstance(r, dict) and "matchesPrefix" in r.get("condition", {}) for r in gcs

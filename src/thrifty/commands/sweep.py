@@ -90,9 +90,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     except ImportError as exc:
         if "optuna" not in str(exc):
             raise
-        raise ThriftyError(
-            "thrifty sweep needs Optuna: pip install 'thrifty[sweep]'"
-        ) from None
+        raise ThriftyError("thrifty sweep needs Optuna: pip install 'thrifty[sweep]'") from None
 
     out = Path(args.out) if args.out else Path("runs") / f"sweep-{Path(args.config).stem}"
     options = call_with_options(SweepOptions, args)

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 from collections.abc import Callable, Iterator, Mapping, Sized
 from typing import Any, cast
 
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from thrifty.config import BatchConfig, TrainConfig
+from thrifty.config import DataConfig, RunConfig
+from thrifty.data.geometry import BatchGeometry
 from thrifty.data.loading import (
     LoaderSettings,
     WorkerChoice,
@@ -37,18 +39,9 @@ from thrifty.data.sources import (
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.levers.accumulation import count_tokens
 from thrifty.records.state import TrainState
-from thrifty.records.stop_signals import parse_signals
 from thrifty.strategies.process_group import Distributed
 
 log = logging.getLogger("thrifty")
-
-
-def starting_accumulation(batch: BatchConfig, world: int, micro: int) -> int:
-    """Micro-batches of `micro` samples per optimizer step on each of `world` ranks. With
-    batch.micro = "auto" (`micro` is 1 until measured) the effective batch must split evenly
-    over the ranks, and the error says so rather than naming a micro-batch of 1."""
-    batch.check_world_size(world)
-    return batch.accumulation_steps(world, micro)
 
 
 def check_token_budget(
@@ -90,23 +83,28 @@ class TrainBatches:
     def __init__(
         self,
         data: Any,
-        config: TrainConfig,
+        geometry: BatchGeometry,
         device: torch.device,
         collate_fn: Callable[[list[Any]], Any] | None,
         *,
-        micro: int,
-        accumulation: int,
+        loading: DataConfig,
+        run: RunConfig,
+        stop_signals: tuple[signal.Signals, ...],
         rank: int,
-        world_size: int,
         sampler: Any = None,
         batch_sampler: Any = None,
     ) -> None:
-        self.config = config
+        """`geometry` lays the windows out (micro-batches of `geometry.micro`, `accumulation` a
+        window, this rank's share of `world_size`); `loading` builds the loader, `run` gives
+        its seed and run.max_epochs; `stop_signals` are left by the workers to the main
+        process. Ten parameters: the user's `sampler` or `batch_sampler` come as given."""
+        self.loading, self.seed, self.max_epochs = loading, run.seed, run.max_epochs
+        self.stop_signals = stop_signals
         self.device = device
         self.collate_fn = collate_fn
-        self.micro = micro
-        self.accumulation = accumulation
-        self.world_size = world_size
+        self.micro = geometry.micro
+        self.accumulation = geometry.accumulation
+        self.world_size = geometry.world_size
         self.worker_choice: WorkerChoice | None = None
         self.error: str | None = None  # what the data raised, ending the run
         self.source = self._source(data, rank, sampler, batch_sampler)
@@ -115,19 +113,19 @@ class TrainBatches:
         if line is not None:
             log.warning("data: %s", line)
         per_pass = self.source.batches_per_pass
-        self.steps_per_epoch = None if per_pass is None else per_pass // accumulation
+        self.steps_per_epoch = None if per_pass is None else per_pass // self.accumulation
         if self.steps_per_epoch == 0:
-            effective = micro * accumulation * world_size
+            effective = geometry.effective
             raise ConfigError(
                 f"batch.effective = {effective} is invalid: the training set has only "
-                f"{per_pass} batches of {micro} on this rank; use a smaller batch"
+                f"{per_pass} batches of {self.micro} on this rank; use a smaller batch"
                 if not isinstance(self.source, MapSource)
                 else f"batch.effective = {effective} is invalid: the training set has only "
                 f"{len(cast(Sized, data))} samples; use a smaller batch"
             )
-        if self.steps_per_epoch is None and config.run.max_epochs is not None:
+        if self.steps_per_epoch is None and self.max_epochs is not None:
             raise ConfigError(
-                f"run.max_epochs = {config.run.max_epochs} needs the data's length and "
+                f"run.max_epochs = {self.max_epochs} needs the data's length and "
                 "train_data has none (a stream without __len__): set run.max_steps, "
                 "run.max_tokens or run.max_time instead"
             )
@@ -136,7 +134,7 @@ class TrainBatches:
         if isinstance(data, DataLoader):
             check_loader(data, self.micro)
             return LoaderSource(data, self.micro)
-        d, world, seed = self.config.data, self.world_size, self.config.run.seed
+        d, world, seed = self.loading, self.world_size, self.seed
         stream = is_stream(data)
         workers = d.num_workers
         if workers == "auto" and stream:
@@ -149,7 +147,7 @@ class TrainBatches:
             workers = self.worker_choice.num_workers
             log.info("data: %s", self.worker_choice.describe())
         settings = self.settings(self.micro, int(workers))
-        signals = parse_signals(self.config.spot.signals)  # workers leave them to us
+        signals = self.stop_signals  # workers leave them to us
         if stream:
             build = loader_builder(settings, self.collate_fn, seed, signals)
             return StreamSource(
@@ -177,7 +175,7 @@ class TrainBatches:
     @property
     def thrifty_shuffles(self) -> bool:
         """The order is thrifty's shuffle (`data_loading.SHUFFLE`)."""
-        return isinstance(self.source, MapSource) and self.config.data.shuffle
+        return isinstance(self.source, MapSource) and self.loading.shuffle
 
     @property
     def loader(self) -> Any:
@@ -188,7 +186,7 @@ class TrainBatches:
         return int(self.source.loader.num_workers)
 
     def settings(self, batch_size: int, num_workers: int) -> LoaderSettings:
-        d = self.config.data
+        d = self.loading
         pin = resolve_pin_memory(d.pin_memory, self.device.type, num_workers)
         return LoaderSettings(batch_size, num_workers, pin, d.prefetch_factor, d.persistent_workers)
 
@@ -197,7 +195,7 @@ class TrainBatches:
         to the next pass as each one ends (the step's own count is the caller's). With several
         processes, the ranks agree before each window: a pass ends for all when it ends for
         one, and an error on one stops them all (`error`), so none waits in a collective."""
-        max_epochs = self.config.run.max_epochs
+        max_epochs = self.max_epochs
         while max_epochs is None or progress.epoch < max_epochs:
             source = self.source
             if progress.batch_in_epoch and source.changing_state and not source.exact:
@@ -283,9 +281,8 @@ class TrainBatches:
             self.source.load_state_dict(state)
             self._state = state
 
-    def eval_loader(self, data: Dataset, rank: int) -> DataLoader:
-        """The validation set in order, this rank's share, no workers."""
-        micro = self.config.eval.micro or self.micro
+    def eval_loader(self, data: Dataset, rank: int, micro: int) -> DataLoader:
+        """The validation set in order, this rank's share in batches of `micro`, no workers."""
         sampler = EpochSampler(
             len(cast(Sized, data)), shuffle=False, rank=rank, world_size=self.world_size
         )

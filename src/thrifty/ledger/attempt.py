@@ -419,7 +419,9 @@ def _configured_price(
         meter = CostMeter.from_config(CostConfig(**known), world_size=world)
     except (ThriftyError, TypeError) as exc:
         raise Skipped(f"{path}/config.toml: its [cost] cannot be priced ({exc}): skipped") from None
-    price = Price(meter.usd_per_hour, meter.pricing, meter.on_demand_usd_per_hour, meter.source, catalog)
+    price = Price(
+        meter.usd_per_hour, meter.pricing, meter.on_demand_usd_per_hour, meter.source, catalog
+    )
     return price, meter.gpus
 
 

@@ -126,7 +126,8 @@ def _speedups(jobs: Sequence[Job]) -> tuple[dict[str, float], int]:
     names = [n for j in measured for n in j.levers]
     ratios = [_ratios(job) for job in jobs]
     speedups = {
-        name: sum(job.seconds * r.get(name, 1.0) for job, r in zip(jobs, ratios, strict=True)) / hours
+        name: sum(job.seconds * r.get(name, 1.0) for job, r in zip(jobs, ratios, strict=True))
+        / hours
         for name in dict.fromkeys(names)
     }
     return speedups, len(measured)
@@ -162,8 +163,12 @@ def _with_other_levers(plan: LeverPlan, speedups: dict[str, float]) -> LeverPlan
         if name in _PLANNER_LEVERS:
             continue
         before = steps[-1].after if steps else plan.baseline
-        steps.append(LeverStep(name, "hours per run", f"{ratio:.3g}x (measured)", before, before / ratio))
-    return LeverPlan(period=plan.period, baseline=plan.baseline, steps=steps, assumptions=plan.assumptions)
+        steps.append(
+            LeverStep(name, "hours per run", f"{ratio:.3g}x (measured)", before, before / ratio)
+        )
+    return LeverPlan(
+        period=plan.period, baseline=plan.baseline, steps=steps, assumptions=plan.assumptions
+    )
 
 
 def _basis(plan: LeverPlan, measured: int, runs: int, stopped: int) -> dict[str, str]:
@@ -176,7 +181,9 @@ def _basis(plan: LeverPlan, measured: int, runs: int, stopped: int) -> dict[str,
                 f"estimate: {stopped} run(s) stopped early, the steps not run at the measured step time"
             )
         else:
-            basis[step.lever] = f"measured: a tune's paired speed-up, on {measured} of {runs} run(s)"
+            basis[step.lever] = (
+                f"measured: a tune's paired speed-up, on {measured} of {runs} run(s)"
+            )
     return basis
 
 

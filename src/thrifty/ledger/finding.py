@@ -21,7 +21,9 @@ from thrifty.errors import ThriftyError
 from thrifty.ledger.attempt import Attempt, Skipped, read_attempt
 from thrifty.records.directory import RUN_FILES
 
-WHAT_TO_GIVE = "give folders that hold thrifty runs (default runs/), or a bucket prefix s3://BUCKET/PREFIX"
+WHAT_TO_GIVE = (
+    "give folders that hold thrifty runs (default runs/), or a bucket prefix s3://BUCKET/PREFIX"
+)
 
 
 @dataclass(frozen=True, slots=True)

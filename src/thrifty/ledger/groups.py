@@ -108,9 +108,14 @@ def job_dict(job: Job) -> dict[str, Any]:
         "storage_bytes": job.bytes,
         "storage_usd_month": job.storage_usd_month,
         "machines": [
-            {"run_dir": str(p.attempt.path), "seconds": p.seconds, "usd": p.usd(),
-             "wasted_seconds": p.wasted_seconds, "first_step": p.attempt.first_step,
-             "last_step": p.attempt.last_step}  # fmt: skip
+            {
+                "run_dir": str(p.attempt.path),
+                "seconds": p.seconds,
+                "usd": p.usd(),
+                "wasted_seconds": p.wasted_seconds,
+                "first_step": p.attempt.first_step,
+                "last_step": p.attempt.last_step,
+            }  # fmt: skip
             for p in job.parts
         ],
         "notes": [n for p in job.parts for n in p.attempt.notes],

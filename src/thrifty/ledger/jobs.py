@@ -116,7 +116,9 @@ class Job:
     @property
     def on_demand_usd(self) -> float | None:
         """What the same seconds would have cost on-demand (None where a rate is unknown)."""
-        rates = [(p.seconds, p.price.on_demand_usd_per_hour if p.price else None) for p in self.parts]
+        rates = [
+            (p.seconds, p.price.on_demand_usd_per_hour if p.price else None) for p in self.parts
+        ]
         return _total(None if rate is None else s * rate / 3600 for s, rate in rates)
 
     @property

@@ -50,14 +50,18 @@ class Plan:
     keep_bytes: int
 
 
-def plan(locations: Sequence[Location], days: int, keep: Mapping[str, int] | None = None) -> list[Plan]:
+def plan(
+    locations: Sequence[Location], days: int, keep: Mapping[str, int] | None = None
+) -> list[Plan]:
     """One plan per bucket among `locations` (local ones have no lifecycle: left out).
     `keep`: how many newest published checkpoints a location keeps, by its URL (KEEP where
     not given: the newest, which is the final one of a finished run, and the one resume
     falls back to)."""
     keep = keep or {}
     if not isinstance(days, int) or days < 1:
-        raise ThriftyError(f"--lifecycle {days!r} is invalid: give a whole number of days, 1 or more")
+        raise ThriftyError(
+            f"--lifecycle {days!r} is invalid: give a whole number of days, 1 or more"
+        )
     buckets: dict[tuple[str, str], list[Location]] = {}
     for location in locations:
         if location.protocol in ("s3", "s3a", "gs", "gcs"):
@@ -87,7 +91,9 @@ def _bucket_plan(
                 expire.append(folder)
                 expire_bytes += checkpoint.bytes
     family = "gs" if protocol in ("gs", "gcs") else "s3"
-    return Plan(bucket, family, days, tuple(expire), tuple(kept), tuple(roots), expire_bytes, keep_bytes)
+    return Plan(
+        bucket, family, days, tuple(expire), tuple(kept), tuple(roots), expire_bytes, keep_bytes
+    )
 
 
 def _rule_id(kind: str, prefix: str) -> str:
@@ -136,7 +142,10 @@ def gcs_configuration(p: Plan) -> dict[str, Any]:
         )
     roots = list(p.roots)
     rules.append(
-        {"action": {"type": "AbortIncompleteMultipartUpload"}, "condition": {"age": 1, "matchesPrefix": roots}}
+        {
+            "action": {"type": "AbortIncompleteMultipartUpload"},
+            "condition": {"age": 1, "matchesPrefix": roots},
+        }
     )
     rules.append(
         {

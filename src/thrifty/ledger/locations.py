@@ -115,9 +115,7 @@ def find_locations(
         if base and not search:
             continue
         groups.setdefault(base, {})["/".join(parts[i:])] = size
-    return [
-        _location(fs, root, display, base, objects) for base, objects in sorted(groups.items())
-    ]
+    return [_location(fs, root, display, base, objects) for base, objects in sorted(groups.items())]
 
 
 def _open(where: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str, str]:
@@ -127,7 +125,11 @@ def _open(where: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, s
         root = os.path.abspath(where)
         return _LocalFiles(), root, root
     if where.lower().startswith("file://"):  # this machine's disk: FIFOs and devices refused
-        return _LocalFiles(), os.path.abspath(where[len("file://") :]).rstrip("/"), where.rstrip("/")
+        return (
+            _LocalFiles(),
+            os.path.abspath(where[len("file://") :]).rstrip("/"),
+            where.rstrip("/"),
+        )
     from thrifty.checkpoint.storage import FsspecStorage
 
     storage = FsspecStorage(where, storage_options)
@@ -213,7 +215,9 @@ def _checkpoint(
     folder = keys[0].split("/", 1)[0]
     published = f"{folder}/{MANIFEST}" in objects
     shown = f"{url}/{folder}/{MANIFEST}"
-    manifest = (_small_json(fs, f"{where}/{folder}/{MANIFEST}", shown, skipped) if published else None)
+    manifest = (
+        _small_json(fs, f"{where}/{folder}/{MANIFEST}", shown, skipped) if published else None
+    )
     record = (manifest or {}).get("record")
     if record is not None and not isinstance(record, dict):
         skipped.append(f"{shown}: record is not a table: its cost record is skipped")
@@ -241,7 +245,9 @@ def _small_json(
         data = json.loads(fs.cat_file(path))
     except NotAFile as exc:
         if skipped is not None:
-            skipped.append(f"{shown or path}: {str(exc).split(' is ', 1)[-1]}: skipped, never opened")
+            skipped.append(
+                f"{shown or path}: {str(exc).split(' is ', 1)[-1]}: skipped, never opened"
+            )
         return None
     except (OSError, ValueError, RecursionError, CheckpointError):
         return None

@@ -130,8 +130,18 @@ def case_table(study: CaseStudy, article: LeverPlan | None) -> RichTable:
     """The seeds' table from the runs: each lever's saving, its share of the saving, what it
     rests on, and the article's share beside it."""
     table = Table(title="The case study from these runs (USD per year)")
-    for column in ("lever: change", "before", "after", "saved", "share", "article's share", "basis"):
-        table.add_column(column, justify="left" if column in ("lever: change", "basis") else "right")
+    for column in (
+        "lever: change",
+        "before",
+        "after",
+        "saved",
+        "share",
+        "article's share",
+        "basis",
+    ):
+        table.add_column(
+            column, justify="left" if column in ("lever: change", "basis") else "right"
+        )
     theirs = _article_shares(article)
     shares = study.shares()
     for step in study.plan.steps:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
-from thrifty.config import ScheduleConfig, TrainConfig
+from thrifty.config import RunConfig, ScheduleConfig
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.levers.schedule import scaled_lr, schedule_horizon, scheduler_for
 from thrifty.levers.scheduler_checks import (
@@ -215,10 +215,14 @@ class UserScheduler:
 def run_scheduler(
     given: SchedulerArg,
     optimizer: torch.optim.Optimizer,
-    config: TrainConfig,
+    schedule: ScheduleConfig,
+    run: RunConfig,
+    *,
     epoch_steps: int | None,
     effective_batch: int,
     steps_per_epoch: int | None = None,
+    reference_batch: int | None,
+    guarded: bool,
 ) -> tuple[Any, int | None, Callable[[int | None], Any] | None]:
     """The scheduler the run steps, the schedule's horizon (optimizer steps; None for a user's
     scheduler, which has its own) and how to rebuild it for another horizon (None: it is not
@@ -227,8 +231,11 @@ def run_scheduler(
     said in one set-up line, and rehearsed over the run's steps before training.
 
     `epoch_steps` is run.max_epochs × the optimizer steps of an epoch (None without an epoch
-    budget); `steps_per_epoch` the steps of one epoch (None: from `epoch_steps`, or unknown)."""
-    interval = config.schedule.interval
+    budget); `steps_per_epoch` the steps of one epoch (None: from `epoch_steps`, or unknown).
+    A user's scheduler is scaled to `effective_batch` from optimizer.reference_batch
+    (`reference_batch`) and, with guard.enabled (`guarded`), watched for a collapsing rate.
+    Nine parameters: the schedule's inputs, each read here alone."""
+    interval = schedule.interval
     if given is None:
         if interval != "step":
             raise ConfigError(
@@ -237,11 +244,11 @@ def run_scheduler(
                 "schedule.total_steps); name one with task.scheduler (or Trainer(scheduler=...)),"
                 " or remove schedule.interval"
             )
-        horizon = schedule_horizon(config.schedule, config.run.max_steps, epoch_steps)
-        make = functools.partial(scheduler_for, optimizer, config.schedule)
+        horizon = schedule_horizon(schedule, run.max_steps, epoch_steps)
+        make = functools.partial(scheduler_for, optimizer, schedule)
         return make(horizon), horizon, make
-    if steps_per_epoch is None and epoch_steps and config.run.max_epochs:
-        steps_per_epoch = epoch_steps // config.run.max_epochs
+    if steps_per_epoch is None and epoch_steps and run.max_epochs:
+        steps_per_epoch = epoch_steps // run.max_epochs
     per_epoch = interval == "epoch"
     if per_epoch and not steps_per_epoch:
         raise ConfigError(
@@ -249,9 +256,9 @@ def run_scheduler(
             "does not know: give data of known length and run.max_epochs, or step the scheduler "
             "per optimizer step (schedule.interval = 'step')"
         )
-    user = adopt_scheduler(given, optimizer, effective_batch, config.optimizer.reference_batch)
+    user = adopt_scheduler(given, optimizer, effective_batch, reference_batch)
     user.epoch_steps = steps_per_epoch if per_epoch else None
-    ignored = set_schedule_keys(config.schedule)
+    ignored = set_schedule_keys(schedule)
     if ignored:
         log.warning(
             "%s sets the learning rate; [schedule] is ignored: %s (remove those settings, or "
@@ -259,10 +266,10 @@ def run_scheduler(
             user.label,
             ", ".join(ignored),
         )
-    run = RunHorizon.of(config.run, epoch_steps, steps_per_epoch)
-    check_before_training(user, run)
-    if config.guard.enabled:
-        user.watch = CollapseWatch.of(user.label, optimizer, run.steps, collapse_fix(user))
+    bounds = RunHorizon.of(run, epoch_steps, steps_per_epoch)
+    check_before_training(user, bounds)
+    if guarded:
+        user.watch = CollapseWatch.of(user.label, optimizer, bounds.steps, collapse_fix(user))
     log.info("learning rate: %s, %s", user.label, describe_interval(user))
     return user, None, None
 

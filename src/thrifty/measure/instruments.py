@@ -10,13 +10,15 @@ import math
 import os
 from collections import Counter
 from collections.abc import Callable, Sized
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from thrifty.config import TrainConfig
+from thrifty.config import CostConfig, MeasureConfig
+from thrifty.data.geometry import BatchGeometry
 from thrifty.data.loading import WorkerChoice
 from thrifty.errors import ThriftyError
 from thrifty.levers.accumulation import LossFn, call_model, to_device
@@ -52,15 +54,17 @@ def held_on_every_rank(dist: Distributed, count: Any, policy: Any) -> dict[str, 
 def count_step_flops(
     model: nn.Module,
     data: Dataset,
-    config: TrainConfig,
+    geometry: BatchGeometry,
     device: torch.device,
     precision: Precision,
     loss_fn: LossFn | None,
     collate_fn: Callable[[list[Any]], Any] | None,
-    micro: int,
+    *,
+    breakdown: bool,
 ) -> Any:
-    """FLOPs and aten ops of one micro-batch's forward and backward, counted once; None when
-    the breakdown is off or the model cannot be traced.
+    """FLOPs and aten ops of one micro-batch (`geometry.micro` samples) forward and backward,
+    counted once; None when the breakdown (measure.breakdown) is off or the model cannot be
+    traced.
 
     The count runs eager, before activation checkpointing and compile: at the full micro-batch
     its step would peak far above the training's (a compiled step frees what it fuses; a
@@ -74,10 +78,11 @@ def count_step_flops(
     from thrifty.data.collating import collate_checked, collate_used
     from thrifty.levers.micro_batch import cut_batch, free_memory
 
+    micro = geometry.micro
     collate, named = collate_used(data, collate_fn)
-    samples = _first_samples(data, micro, auto=config.batch.micro == "auto")
+    samples = _first_samples(data, micro, auto=geometry.auto)
     batch = collate_checked(samples, collate, named)
-    if not config.measure.breakdown:
+    if not breakdown:
         return None
     blocks = find_repeated_blocks(model)  # activation checkpointing chooses by what they hold
 
@@ -166,16 +171,17 @@ def _first_samples(data: Any, micro: int, auto: bool) -> list[Any]:
     return first_samples(data, max(micro, min(_AUTO_PROBE, len(cast(Sized, source)))))
 
 
-def find_peak(config: TrainConfig, device: torch.device, precision: Precision) -> Any:
-    """The device's peak FLOP/s for the dtype trained in, or None (MFU then goes unreported)."""
+def find_peak(
+    device: torch.device, precision: Precision, *, given_tflops: float | None, allow_tf32: bool
+) -> Any:
+    """The device's peak FLOP/s for the dtype trained in (`given_tflops`: measure.peak_tflops;
+    `allow_tf32`: precision.allow_tf32), or None (MFU then goes unreported)."""
     from thrifty.measure.peak import peak_flops
 
-    tf32 = device.type == "cuda" and config.precision.allow_tf32
+    tf32 = device.type == "cuda" and allow_tf32
     try:
         with torch.random.fork_rng(devices=[]):  # the CPU benchmark must not shift the RNG
-            return peak_flops(
-                device, precision.peak_dtype, given_tflops=config.measure.peak_tflops, tf32=tf32
-            )
+            return peak_flops(device, precision.peak_dtype, given_tflops=given_tflops, tf32=tf32)
     except ThriftyError as exc:
         log.warning("%s; MFU will not be reported", exc)
         return None
@@ -205,7 +211,8 @@ def flops_rate(flops_per_second: float) -> str:
 
 
 def build_monitor(
-    config: TrainConfig,
+    measure: MeasureConfig,
+    cost: CostConfig,
     device: torch.device,
     precision: Precision,
     dist: Distributed,
@@ -215,53 +222,70 @@ def build_monitor(
     budget: Budget,
     progress: TrainState,
     lost: LostWork,
+    bar: str,
+    compiled: bool,
+    allow_tf32: bool,
 ) -> RunMonitor:
     """The run's monitor: GPU sensors and the dollar meter on rank 0 only; with several ranks,
-    each flush gathers every rank's losses and own work (the straggler figures)."""
-    flops = config.measure.flops_per_step or step_flops
-    peak = usable_peak(find_peak(config, device, precision)) if flops else None
+    each flush gathers every rank's losses and own work (the straggler figures). `bar` is
+    run.progress, `compiled` whether compile.mode is on (its first steps compile),
+    `allow_tf32` precision.allow_tf32 (the peak's dtype). Thirteen parameters: what the
+    monitor measures and against what, each read by it alone."""
+    flops = measure.flops_per_step or step_flops
+    peak = None
+    if flops:
+        given = measure.peak_tflops
+        peak = usable_peak(find_peak(device, precision, given_tflops=given, allow_tf32=allow_tf32))
     if peak is not None:
         log.info("MFU against %s (%s)", flops_rate(peak.flops_per_second), peak.source)
     sampler = None
-    if config.measure.system and dist.is_main:
+    if measure.system and dist.is_main:
         from thrifty.measure.system import SystemSampler
 
         # GPU sensors only when training on one: on a CPU run their absence is no news.
         sampler = SystemSampler(
-            config.measure.sample_seconds, gpu=device.type == "cuda", device=device
+            measure.sample_seconds, gpu=device.type == "cuda", device=device
         ).start()
-    cost = None
-    if config.cost.enabled and dist.is_main:
+    meter = None
+    if cost.enabled and dist.is_main:
         from thrifty.measure.cost import CostMeter
 
-        cost = CostMeter.from_config(config.cost, world_size=dist.world_size)
-        cost.add_wasted(lost)
+        meter = CostMeter.from_config(cost, world_size=dist.world_size)
+        meter.add_wasted(lost)
     # Several ranks: the flush's one collective gathers losses and each rank's own work.
     gather = functools.partial(gather_ranks, world_size=dist.world_size) if dist.enabled else None
     return RunMonitor(
         metrics if metrics is not None else MetricsLog(os.devnull),
-        ProgressBar(config.run.max_steps, config.run.progress if dist.is_main else "off"),
+        ProgressBar(budget.max_steps, bar if dist.is_main else "off"),
         make_timer(
-            config.measure.breakdown,
+            measure.breakdown,
             device,
             waited=(lambda: dist.agreed_seconds) if dist.enabled else None,
         ),
-        exclude_steps=3 if config.compile.mode != "off" else 1,
+        exclude_steps=3 if compiled else 1,
         flops_per_step=flops,
         peak=peak,
         sampler=sampler,
-        cost=cost,
+        cost=meter,
         budget_fraction=functools.partial(budget.fraction_done, progress),
         gather=gather,
         # FSDP's forward all-gathers parameters, waiting on the other ranks: not own work.
         work_phases=() if dist.strategy == "fsdp" else ("forward",),
-        straggler_threshold=config.measure.straggler_threshold,
+        straggler_threshold=measure.straggler_threshold,
     )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SetUp:
+    """The levers a run was set up with, as its diagnosis and summary name them."""
+
+    allow_tf32: bool  # precision.allow_tf32
+    compiled: bool  # compile.mode is not "off"
+    checkpointing: str  # activation_checkpointing.policy
 
 
 def diagnose_run(
     monitor: RunMonitor,
-    config: TrainConfig,
     device: torch.device,
     precision: Precision,
     *,
@@ -270,8 +294,10 @@ def diagnose_run(
     accumulation: int,
     num_workers: int,
     worker_choice: WorkerChoice | None,
+    set_up: SetUp,
 ) -> Any:
-    """The bottleneck and what to do about it, from what this run measured."""
+    """The bottleneck and what to do about it, from what this run measured. Ten parameters:
+    what the run measured and how it was set up, each a figure of the diagnosis."""
     cuda = device.type == "cuda"
     return monitor.diagnose(
         accumulation_steps=accumulation,
@@ -282,10 +308,10 @@ def diagnose_run(
         device_type=device.type,
         device_name=torch.cuda.get_device_name(device) if cuda else None,
         precision=precision.name,
-        tf32=cuda and config.precision.allow_tf32,
+        tf32=cuda and set_up.allow_tf32,
         native_bf16=native_bf16(device),
-        compiled=config.compile.mode != "off",
-        activation_checkpointing=str(config.activation_checkpointing.policy),
+        compiled=set_up.compiled,
+        activation_checkpointing=set_up.checkpointing,
         aten_ops_per_step=flops.ops * accumulation if flops else None,
         activation_bytes=float(flops.activation_bytes) if flops else None,
         peak_memory_bytes=float(torch.cuda.max_memory_allocated(device)) if cuda else None,

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from thrifty.config import LogConfig, TrainConfig
+from thrifty.config import LogConfig
 from thrifty.errors import MissingDependencyError
 
 log = logging.getLogger("thrifty")
@@ -400,10 +400,20 @@ def _existing_run(client: Any, id_file: Path) -> str | None:
     return run_id if run.info.lifecycle_stage == "active" else None
 
 
-def build_loggers(config: TrainConfig, run_dir: Path, *, step: int, resumed: bool) -> list[Logger]:
-    """Rank 0's loggers for `config.log` (their packages checked by `require_packages`). One
-    that cannot start says so once and is left out: the run goes on without it."""
-    c = config.log
+def make_loggers(
+    config: LogConfig,
+    run_dir: Path,
+    *,
+    run_name: str,
+    params: Mapping[str, Any],
+    step: int,
+    resumed: bool,
+) -> list[Logger]:
+    """Rank 0's loggers for the [log] section `config` (their packages checked by
+    `require_packages`); `params` is the run's resolved config (credentials removed), which
+    MLflow records as its parameters. One that cannot start says so once and is left out: the
+    run goes on without it."""
+    c = config
     makers: list[tuple[str, Callable[[], Logger]]] = []
     if c.tensorboard:
         resumed_at = step if resumed else None
@@ -411,13 +421,11 @@ def build_loggers(config: TrainConfig, run_dir: Path, *, step: int, resumed: boo
             ("TensorBoard", lambda: TensorBoardLogger(run_dir / "tensorboard", resumed_at))
         )
     if c.mlflow:
-        params = flat_params(config.to_dict(secrets=False))
+        flat = flat_params(params)
         makers.append(
             (
                 "MLflow",
-                lambda: MlflowLogger(
-                    c, run_dir, run_name=config.run.name, params=params, resumed=resumed
-                ),
+                lambda: MlflowLogger(c, run_dir, run_name=run_name, params=flat, resumed=resumed),
             )
         )
     loggers = []

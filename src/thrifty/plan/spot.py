@@ -45,7 +45,6 @@ DEFAULT_RESTART_SECONDS = 600.0
 MAX_EXPONENT = 700.0
 
 
-
 def rate_from_advisor(bucket: str) -> float:
     """Interruptions per hour of one instance for an AWS Spot Instance Advisor bucket.
 

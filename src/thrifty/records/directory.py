@@ -49,8 +49,6 @@ def prepare_run_dir(
     return path
 
 
-
-
 def write_json(path: str | os.PathLike[str], data: Mapping[str, Any]) -> None:
     """Write JSON atomically (temporary file, then rename), secrets redacted."""
     path = Path(path)

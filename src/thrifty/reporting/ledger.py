@@ -55,7 +55,10 @@ def _layers(
     unit, name = _unit(jobs, origin)
     days = _days(jobs, origin, unit)
     layers = tuple(
-        Series(label, tuple((d, sum(_spread(j, amount(j), d, origin, unit) for j in members)) for d in days))
+        Series(
+            label,
+            tuple((d, sum(_spread(j, amount(j), d, origin, unit) for j in members)) for d in days),
+        )
         for label, members, amount in kinds
     )
     return layers, f"{name} since {origin:%Y-%m-%d %H:%M} UTC"
@@ -64,7 +67,9 @@ def _layers(
 def spend_chart(jobs: Sequence[Job], names: Sequence[str]) -> Chart:
     """Dollars spent so far, one layer a run (`names` in the jobs' order)."""
     priced = [(j, n) for j, n in zip(jobs, names, strict=True) if j.usd is not None]
-    layers, axis = _layers([(n, [j], lambda job: job.usd or 0.0) for j, n in priced], [j for j, _ in priced])
+    layers, axis = _layers(
+        [(n, [j], lambda job: job.usd or 0.0) for j, n in priced], [j for j, _ in priced]
+    )
     wasted = sum(j.wasted_usd or 0.0 for j, _ in priced)
     return Chart(
         "ledger-spend",
@@ -83,7 +88,10 @@ def savings_chart(jobs: Sequence[Job]) -> Chart:
     """What the runs saved so far: spot against on-demand, stops before the budget, levers."""
     priced = [j for j in jobs if j.usd is not None]
     kinds: list[tuple[str, Callable[[Job], float]]] = [
-        ("spot against on-demand", lambda j: max(0.0, (j.on_demand_usd or j.usd or 0.0) - (j.usd or 0.0))),
+        (
+            "spot against on-demand",
+            lambda j: max(0.0, (j.on_demand_usd or j.usd or 0.0) - (j.usd or 0.0)),
+        ),
         ("stops before the budget", lambda j: (j.saved.usd or 0.0) if j.saved else 0.0),
         ("levers a tune measured", lambda j: sum(j.levers.values())),
     ]
@@ -100,7 +108,18 @@ def savings_chart(jobs: Sequence[Job]) -> Chart:
     )
 
 
-HEADER = ("run", "start", "state", "steps", "GPU-h", "USD", "thrown away", "saved", "levers", "kept")
+HEADER = (
+    "run",
+    "start",
+    "state",
+    "steps",
+    "GPU-h",
+    "USD",
+    "thrown away",
+    "saved",
+    "levers",
+    "kept",
+)
 
 
 def ledger_rows(jobs: Sequence[Job]) -> list[Sequence[str]]:
@@ -111,10 +130,16 @@ def ledger_rows(jobs: Sequence[Job]) -> list[Sequence[str]]:
     names = [j.name for j in jobs]
     rows: list[Sequence[str]] = [
         (
-            display_name(j, names), f"{j.started:%Y-%m-%d}", state_text(j), f"{j.steps:,}",
-            f"{j.gpu_hours:.3g}", fmt_usd(j.usd), fmt_usd(j.wasted_usd) if j.wasted_usd else "-",
+            display_name(j, names),
+            f"{j.started:%Y-%m-%d}",
+            state_text(j),
+            f"{j.steps:,}",
+            f"{j.gpu_hours:.3g}",
+            fmt_usd(j.usd),
+            fmt_usd(j.wasted_usd) if j.wasted_usd else "-",
             fmt_usd(j.saved.usd) if j.saved else "-",
-            fmt_usd(sum(j.levers.values())) if j.levers else "-", fmt_bytes(j.bytes),
+            fmt_usd(sum(j.levers.values())) if j.levers else "-",
+            fmt_bytes(j.bytes),
         )  # fmt: skip
         for j in jobs
     ]

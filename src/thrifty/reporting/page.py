@@ -94,9 +94,7 @@ ul.plain{margin:6px 0;padding-left:18px}
 """
 
 
-def render_page(
-    items: Sequence[Run | Tune | Sweep], now: datetime.datetime | None = None
-) -> str:
+def render_page(items: Sequence[Run | Tune | Sweep], now: datetime.datetime | None = None) -> str:
     """The whole page for the runs, tunes and sweeps given, in order; with several runs, a
     comparison of them comes first."""
     runs = [i for i in items if isinstance(i, Run)]

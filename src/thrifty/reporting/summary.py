@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from thrifty.config import TrainConfig
+from thrifty.data.geometry import BatchGeometry
 from thrifty.levers.activation_checkpointing import micro_that_fits
 from thrifty.levers.precision import Precision
 from thrifty.measure import instruments
@@ -28,7 +28,8 @@ from thrifty.records.stop import StopReason
 class RunFacts:
     """A run's set-up and where it ended, as `fit()` hands them to reporting."""
 
-    config: TrainConfig
+    set_up: instruments.SetUp  # the levers set up, as the diagnosis names them
+    report: bool  # log.report: the run writes report.html
     device: torch.device
     precision: Precision
     progress: TrainState  # the counters and losses
@@ -36,12 +37,10 @@ class RunFacts:
     world_size: int
     parameters: int  # trainable parameters
     checkpointed_blocks: list[str]  # the blocks activation checkpointing wraps
-    flops: Any  # the FLOP count of one micro-batch at `micro` (None: not counted)
-    micro: int  # the micro-batch set up (measured with batch.micro = "auto")
+    flops: Any  # the FLOP count of one micro-batch at `geometry.micro` (None: not counted)
+    geometry: BatchGeometry  # the batch set up (its micro measured with batch.micro = "auto")
     micro_now: int  # the micro-batch at the end: out-of-memory errors halve it
     micro_search: dict[str, Any] | None  # how batch.micro = "auto" chose
-    accumulation: int
-    effective_batch: int
     num_workers: int
     worker_choice: Any  # how data.num_workers = "auto" chose (None: given)
     best_val_loss: float | None
@@ -99,14 +98,14 @@ def write_outputs(facts: RunFacts, result: FitResult, monitor: RunMonitor) -> An
     f = facts
     diagnosis = instruments.diagnose_run(
         monitor,
-        f.config,
         f.device,
         f.precision,
         flops=f.flops,
-        micro=f.micro,
-        accumulation=f.accumulation,
+        micro=f.geometry.micro,
+        accumulation=f.geometry.accumulation,
         num_workers=f.num_workers,
         worker_choice=f.worker_choice,
+        set_up=f.set_up,
     )
     if f.run_dir is None:
         return diagnosis
@@ -125,8 +124,8 @@ def run_summary(facts: RunFacts, result: FitResult, monitor: RunMonitor) -> dict
     summary = asdict(result)
     summary["final_val_loss"] = summary.pop("val_loss")
     summary["precision_reason"] = facts.precision.reason
-    summary["accumulation_steps"] = facts.accumulation
-    summary["effective_batch"] = facts.effective_batch
+    summary["accumulation_steps"] = facts.geometry.accumulation
+    summary["effective_batch"] = facts.geometry.effective
     if monitor.peak is not None:  # what the MFU is measured against
         summary["mfu_basis"] = {
             "flops_per_step": monitor.flops_per_step,
@@ -150,14 +149,14 @@ def checkpointing_fits(facts: RunFacts) -> dict[str, int]:
     if facts.device.type != "cuda" or not search or count is None:
         return {}
     memory = torch.cuda.get_device_properties(facts.device).total_memory
-    policy = str(facts.config.activation_checkpointing.policy)
+    policy = facts.set_up.checkpointing
     limit = (1 - search["margin"]) * memory
     return micro_that_fits(
         search["tried"],
         limit,
         count.block_bytes,
         count.input_bytes,
-        facts.micro,
+        facts.geometry.micro,
         policy,
         count.head_bytes,
     )
@@ -167,7 +166,7 @@ def publish(facts: RunFacts, run_dir: Path, finished: bool) -> None:
     """Write the run's report (log.report), preempted or not, and hand summary.json and the
     report to the loggers that keep files (MLflow's artifacts)."""
     files = [run_dir / "summary.json"] if finished else []
-    if facts.config.log.report:
+    if facts.report:
         from thrifty.reporting import write_run_report
 
         report = write_run_report(run_dir)

@@ -102,8 +102,7 @@ def _check_trial(trial: Any, where: str, notes: list[str]) -> dict[str, Any] | N
         return None
     if not fits(trial.get("number"), COUNT):
         notes.append(
-            f"{where}.number is {kind_of(trial.get('number'))}, not {COUNT}: the trial is "
-            "left out"
+            f"{where}.number is {kind_of(trial.get('number'))}, not {COUNT}: the trial is left out"
         )
         return None
     found = checked(trial, TRIAL_FIELDS, f"{where}.", notes)

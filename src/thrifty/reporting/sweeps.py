@@ -410,9 +410,7 @@ def cost_bars(sweep: Sweep) -> list[Bar]:
         whole = number(t.get(whole_key))
         extra = max(0.0, whole - spent) if spent is not None and whole is not None else 0.0
         text = amount(spent) + (f", {amount(extra)} saved by pruning" if extra > 0 else "")
-        bars.append(
-            Bar(f"trial {t['number']}", spent or 0.0, extra, text, bold=t["number"] == top)
-        )
+        bars.append(Bar(f"trial {t['number']}", spent or 0.0, extra, text, bold=t["number"] == top))
     return bars
 
 
@@ -428,7 +426,7 @@ def compute_html(sweep: Sweep) -> str:
             '<div class="legend"><span class="key"><i style="border:5px solid #868e96;'
             'width:10px"></i>used</span><span class="key"><i style="border:5px solid '
             f'rgba(134,142,150,{SAVED_OPACITY});width:10px"></i>saved by pruning (what running '
-            'it to its last step would have added)</span></div>'
+            "it to its last step would have added)</span></div>"
         )
         parts.append(
             f'<figure class="chart" id="chart-trial-cost"><figcaption>{escape(caption)}'

@@ -30,6 +30,7 @@ from torch import nn
 
 from thrifty.checkpoint import CheckpointManager
 from thrifty.config import TrainConfig
+from thrifty.data.geometry import BatchGeometry
 from thrifty.data.sampling import SHUFFLE
 from thrifty.errors import ThriftyError
 from thrifty.levers.early_stopping import EarlyStopping
@@ -88,11 +89,9 @@ class RunParts:
 class Layout:
     """How the run's batch is laid out: what a checkpoint must match to continue it."""
 
-    effective_batch: int
-    accumulation: int
+    geometry: BatchGeometry
     steps_per_epoch: int | None  # None: data of unknown length (a stream)
     horizon: int | None  # the schedule's steps
-
 
 
 class RunCheckpointer:
@@ -139,7 +138,7 @@ class RunCheckpointer:
 
     # --- opening the run -----------------------------------------------------------------------
 
-    def open(self, interface: str = "api") -> Path:
+    def open(self) -> Path:
         """Claim the run directory (rank 0), load the checkpoint to resume from on every rank,
         and record the run's config. Returns the run directory."""
         d = self.dist
@@ -147,14 +146,14 @@ class RunCheckpointer:
 
         def on_rank0() -> tuple[str, str, str | None, str]:
             nonlocal claimed
-            claimed = claim_run_dir(self.config, interface)
+            claimed = claim_run_dir(self.config)
             self._lock = claimed.lock
             ref = claimed.resume
             folder = None if ref is None else local_checkpoint_folder(ref)
             return str(claimed.run_dir), claimed.manager.local_dir, folder, claimed.why
 
         if not d.enabled:
-            claimed = claim_run_dir(self.config, interface)
+            claimed = claim_run_dir(self.config)
             self._lock = claimed.lock
             if claimed.resume is not None:
                 self.load_state_dict(claimed.manager.load(claimed.resume))
@@ -387,8 +386,8 @@ class RunCheckpointer:
             rng=rng_state(),
             data=self._data_state(),
             shuffle=SHUFFLE,
-            effective_batch=layout.effective_batch,
-            accumulation=layout.accumulation,
+            effective_batch=layout.geometry.effective,
+            accumulation=layout.geometry.accumulation,
             world_size=self.dist.world_size,
             strategy=self.strategy.name,
             config=self.config.to_dict(secrets=False),
@@ -400,13 +399,14 @@ class RunCheckpointer:
         another model, batch or layout. `shards`: the checkpoint folder whose shards hold the
         model and optimizer (FSDP)."""
         p, layout = self.parts, self.layout
+        effective, accumulation = layout.geometry.effective, layout.geometry.accumulation
         check_thrifty_state(state, self.strategy.state_keys())
-        state = upgrade_state(state, accumulation=layout.accumulation)
+        state = upgrade_state(state, accumulation=accumulation)
         self.strategy.check_resumable(state)
-        check_effective_kept(state, layout.effective_batch, self.dist.world_size, self.config.batch)
+        check_effective_kept(state, effective, self.dist.world_size, self.config.batch)
         # Refused even with run.allow_config_change: the data position cannot follow another
         # effective batch. Checked first, so its message is the one the user sees.
-        check_compatible({}, {}, state["effective_batch"], layout.effective_batch)
+        check_compatible({}, {}, state["effective_batch"], effective)
         # The checkpoint's config against this run's: safe changes pass, optimization changes
         # need run.allow_config_change. A larger budget keeps the schedule's horizon; the new
         # scheduler is built before the optimizer's state is loaded, as building one resets lr.
@@ -434,9 +434,9 @@ class RunCheckpointer:
             if state[name]:
                 part.load_state_dict(state[name])
         self.newest_step = self.progress.step
-        if state["accumulation"] != layout.accumulation:  # another world size: same windows
+        if state["accumulation"] != accumulation:  # another world size: same windows
             windows = self.progress.batch_in_epoch // state["accumulation"]
-            self.progress.batch_in_epoch = windows * layout.accumulation
+            self.progress.batch_in_epoch = windows * accumulation
         self._load_data_state(state)
         shuffled = p.data is not None and p.data.thrifty_shuffles
         if shuffled and self.progress.batch_in_epoch and state["shuffle"] != SHUFFLE:
@@ -486,5 +486,5 @@ class RunCheckpointer:
             self.strategy.saved_shapes(state, folder),
             shapes(self.parts.model.state_dict()),
             state["effective_batch"],
-            self.layout.effective_batch,
+            self.layout.geometry.effective,
         )

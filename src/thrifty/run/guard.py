@@ -7,7 +7,7 @@ row; the Trainer then rolls back to the newest good checkpoint. `RunGuard` runs 
 of `Detector`s (`DivergenceDetector`, `LossSpikeDetector`), each judging every step logged, and
 hands the run the most severe verdict: a new fault check is one more detector. The forecast
 keys configure `thrifty.run.forecast.cannot_reach`, which judges the evaluations (not the
-steps: `RunWatch` asks it after each one) and reads `early_stopping.target` (validated by
+steps: `thrifty.callbacks.guard.Guard` asks it at each flush) and reads `early_stopping.target` (validated by
 `check_target`).
 
 Everything here is plain Python: importing it (through the config) stays cheap.

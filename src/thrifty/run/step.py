@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from thrifty.config import TrainConfig
 from thrifty.levers.accumulation import LossFn, Weighting, call_model, to_device
 from thrifty.levers.micro_batch import Halving, first_sample, is_out_of_memory
 from thrifty.levers.precision import Precision
@@ -36,7 +35,6 @@ class TrainStep:
 
     def __init__(
         self,
-        config: TrainConfig,
         dist: Distributed,
         strategy: Strategy,
         precision: Precision,
@@ -47,15 +45,22 @@ class TrainStep:
         loss_fn: LossFn | None,
         halving: Halving,
         log_event: Callable[..., None],
+        normalize: str,
+        grad_clip: float,
+        guarded: bool,
     ) -> None:
-        # Ten parameters: everything the step touches, each built once by the Trainer.
-        self.config, self.dist, self.strategy = config, dist, strategy
+        """`normalize` is batch.normalize (how the micro-batches' losses are weighted),
+        `grad_clip` optimizer.grad_clip (0: no clipping), `guarded` guard.enabled (a non-finite
+        step is skipped). Twelve parameters: everything the step touches, each built once by
+        the Trainer."""
+        self.dist, self.strategy = dist, strategy
         self.precision, self.device, self.parts = precision, device, parts
         self.forward_model, self.loss_fn = forward_model, loss_fn
         self.halving, self.log_event = halving, log_event
+        self.grad_clip, self.guarded = grad_clip, guarded
         self.optimizer = parts.optimizer
         self.params = [p for p in parts.model.parameters() if p.requires_grad]
-        self.weighting = Weighting(config.batch.normalize, parts.model)
+        self.weighting = Weighting(normalize, parts.model)
         self._said_weighting = False
 
     def run(
@@ -96,13 +101,13 @@ class TrainStep:
         # sign of a run going wrong. Unscaled first, so neither clipping nor the record sees
         # the loss scale.
         p.scaler.unscale_(self.optimizer)
-        grad_norm = strategy.clip_norm(self.params, self.config.optimizer.grad_clip)
+        grad_norm = strategy.clip_norm(self.params, self.grad_clip)
         skipped = guarded_step(
             self.optimizer,
             p.scaler,
             window_loss,
             grad_norm,
-            enabled=self.config.guard.enabled,
+            enabled=self.guarded,
             local_loss=not self.dist.enabled,
         )
         p.scheduler.step()  # set back at the next flush for a skipped step
