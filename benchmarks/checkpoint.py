@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from thrifty.checkpoint import CheckpointManager
+from thrifty.checkpointing.store import CheckpointManager
 
 MB = 1_000_000
 STALL_RATIO_LIMIT = 0.25

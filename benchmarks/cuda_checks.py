@@ -216,7 +216,7 @@ def fp16_scaler(device: str, tmp: Path) -> None:
     losses = [r["loss"] for r in records(out) if "loss" in r] if code == 0 else []
     state = {}
     if code == 0:
-        from thrifty.checkpoint import CheckpointManager
+        from thrifty.checkpointing.store import CheckpointManager
 
         manager = CheckpointManager(str(out / "checkpoints"))
         state = manager.load(manager.latest())

@@ -11,7 +11,7 @@ import torch
 from thrifty import Trainer
 from thrifty.config import TrainConfig
 from thrifty.demo import DEMO_CONFIG, build_model
-from thrifty.records.directory import read_metrics
+from thrifty.rundir.files import read_metrics
 
 MICRO, EFFECTIVE = 8, 16
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from thrifty.checkpoint import CheckpointManager
+from thrifty.checkpointing.store import CheckpointManager
 
 RATIO_TARGET = 0.9
 HELPERS = Path(__file__).resolve().parent.parent / "tests" / "checkpoint" / "s3_server.py"

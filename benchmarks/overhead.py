@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from demo_runs import EFFECTIVE, MICRO, run_config
 
-import thrifty.trainer
+import thrifty.run.trainer
 from thrifty import Trainer
 from thrifty.config import TrainConfig
 from thrifty.demo import DEMO_CONFIG, build_model, train_dataset
@@ -120,12 +120,12 @@ def trainer_loop(trainer: Trainer, clock: Clock = time.perf_counter) -> list[flo
     def each_step(*_: Any) -> Iterator[Callable[[], None]]:
         yield lambda: stamps.append(clock())  # called after every step
 
-    real = thrifty.trainer.maybe_trace
-    thrifty.trainer.maybe_trace = each_step  # type: ignore[assignment]  # the loop's own hook
+    real = thrifty.run.trainer.maybe_trace
+    thrifty.run.trainer.maybe_trace = each_step  # type: ignore[assignment]  # the loop's own hook
     try:
         trainer.fit()
     finally:
-        thrifty.trainer.maybe_trace = real
+        thrifty.run.trainer.maybe_trace = real
     return [b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True)][WARMUP - 1 :]
 
 

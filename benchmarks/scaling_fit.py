@@ -2,7 +2,7 @@
 
 An IsoFLOP grid of the demo's byte-level GPT on this machine (3 widths x 3 FLOP budgets, each
 run trained on D = C / (6N) tokens with its own cosine schedule), run as a sweep by
-`thrifty.sweeps.isoflop` exactly as `thrifty plan isoflop` runs it; the law
+`thrifty.search.sweep.isoflop` exactly as `thrifty plan isoflop` runs it; the law
 L(N, D) = E + A/N^alpha + B/D^beta fitted on the grid as `thrifty plan fit` fits it; then one
 held-out run, wider than every run of the grid and at a larger budget, is predicted before it
 runs, and run. Printed: the grid, the fitted constants, the predicted and the measured final
@@ -64,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     from thrifty.plan.lawfit import fit_scaling_law
     from thrifty.plan.lawpoints import read_points
-    from thrifty.sweeps.isoflop import layout, run_grid
+    from thrifty.search.sweep.isoflop import layout, run_grid
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -77,7 +77,9 @@ def main() -> None:
         points = read_points([str(root / "grid")])
         print(f"grid: {len(points.points)} runs in {grid_seconds:.0f} s")
         for p in sorted(points.points, key=lambda p: (p.flops, p.params)):
-            print(f"  N={p.params:>9,.0f}  D={p.tokens:>11,.0f}  C={p.flops:.3g}  loss={p.loss:.4f}")
+            print(
+                f"  N={p.params:>9,.0f}  D={p.tokens:>11,.0f}  C={p.flops:.3g}  loss={p.loss:.4f}"
+            )
         fit = fit_scaling_law(points.points, resamples=100)
         law = fit.law
         print(

@@ -132,9 +132,9 @@ class Costed(torch.nn.Module):
 def wire_monitor(monkeypatch) -> list:
     """Drive every Trainer's monitor sync to sync, as the Trainer's loop is meant to: start it
     before training, pause it for each evaluation. Returns the monitors made."""
-    from thrifty import trainer
     from thrifty.measure import instruments
     from thrifty.measure.monitor import RunMonitor
+    from thrifty.run import trainer
 
     monitors: list[RunMonitor] = []
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from thrifty.checkpoint.storage import open_storage
-from thrifty.run.lock import LEASE_FILE, Holder, RunInUseError, RunLock
+from thrifty.checkpointing.store.storage import open_storage
+from thrifty.rundir.lock import LEASE_FILE, Holder, RunInUseError, RunLock
 
 HOST = socket.gethostname()
 BUCKET = "thrifty-lock"
@@ -38,7 +38,7 @@ import json, os, socket, sys, time
 args = json.loads(sys.argv[1])
 if args.get("host"):  # as if it ran on another machine
     socket.gethostname = lambda: args["host"]
-import thrifty.run.lock as lock
+import thrifty.rundir.lock as lock
 if args.get("no_flock"):  # as on a network file system without flock
     lock._LocalLock._flock = lambda self: False
 lock.RunLock(

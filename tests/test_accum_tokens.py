@@ -200,7 +200,7 @@ def test_tunes_micro_batch_lever_changes_no_loss_of_a_padded_causal_lm(tmp_path)
     """What `thrifty tune` varies (the setting's batch.micro, the effective batch kept): two
     steps of GPT-2 on padded text give the same losses and weights at micro 2 and 8."""
     from thrifty.config.files import apply_overrides
-    from thrifty.tuning.space import Setting
+    from thrifty.search.tune.space import Setting
 
     def run(micro: int) -> tuple[list[float], list[torch.Tensor]]:
         out = tmp_path / f"micro-{micro}"

@@ -9,10 +9,10 @@ import torch
 from helpers import TokenDataset, tiny_gpt
 from test_cli import run_cli
 from thrifty import Trainer
-from thrifty.checkpoint import CheckpointManager
+from thrifty.checkpointing.store import CheckpointManager
 from thrifty.config import TrainConfig
 from thrifty.errors import ConfigError, ThriftyError
-from thrifty.trainer import resolve_device
+from thrifty.run.trainer import resolve_device
 
 PROJECT = """
 import torch
@@ -183,7 +183,7 @@ def test_a_second_cuda_device_becomes_the_current_one(monkeypatch):
 
 
 def test_grad_norm_is_recorded_with_clipping_off(tmp_path):
-    from thrifty.records.directory import read_metrics
+    from thrifty.rundir.files import read_metrics
 
     config = cfg(tmp_path, log_every=1, progress="off").replace(**{"optimizer.grad_clip": "0"})
     Trainer(tiny_gpt(), TokenDataset(n=16), config).fit()

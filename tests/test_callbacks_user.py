@@ -13,10 +13,10 @@ from torch import nn
 
 from thrifty import Trainer
 from thrifty.callbacks import Callback, StepEnd
-from thrifty.checkpoint.manifest import MANIFEST
+from thrifty.checkpointing.store.manifest import MANIFEST
 from thrifty.config import TrainConfig
 from thrifty.errors import ThriftyError
-from thrifty.records.directory import read_metrics
+from thrifty.rundir.files import read_metrics
 
 
 class Regression(nn.Module):

@@ -15,7 +15,7 @@ from thrifty.commands.chaos import Attempt, compare_states, plan_kills, print_re
 from thrifty.commands.chaos.report import effective_time_line
 from thrifty.commands.chaos.timing import effective_time
 from thrifty.errors import ThriftyError
-from thrifty.records.directory import read_metrics
+from thrifty.rundir.files import read_metrics
 
 EVERY = 5
 

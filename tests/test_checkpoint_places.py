@@ -13,8 +13,8 @@ from helpers import TokenDataset, tiny_gpt
 from run_dir_helpers import job, snapshot, train
 from thrifty import Trainer
 from thrifty.config import TrainConfig
-from thrifty.records.directory import read_metrics
-from thrifty.run.lock import RunLock
+from thrifty.rundir.files import read_metrics
+from thrifty.rundir.lock import RunLock
 
 
 def one_error(err: str) -> str:

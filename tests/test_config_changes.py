@@ -14,8 +14,7 @@ from thrifty import Trainer
 from thrifty.config import TrainConfig, load_config
 from thrifty.errors import ConfigError
 from thrifty.levers.schedule import build_scheduler, lr_multiplier
-from thrifty.records.directory import read_metrics
-from thrifty.run.config_changes import (
+from thrifty.rundir.config_changes import (
     KINDS,
     OPTIMIZATION,
     SAFE,
@@ -32,6 +31,7 @@ from thrifty.run.config_changes import (
     resume_horizon,
     write_run_config,
 )
+from thrifty.rundir.files import read_metrics
 
 
 def saved(**sections) -> dict:

@@ -434,9 +434,9 @@ def tune_example_prices(lines: list[str]) -> tuple[list[str], str, list[str]]:
     from thrifty.config import CostConfig
     from thrifty.console import console
     from thrifty.plan.levers import LeverInputs, LeverPlan, apply_levers
-    from thrifty.tuning.pricing import price_for, spot_plan
-    from thrifty.tuning.report import waterfall_table
-    from thrifty.tuning.waterfall import Waterfall
+    from thrifty.search.tune.pricing import price_for, spot_plan
+    from thrifty.search.tune.report import waterfall_table
+    from thrifty.search.tune.waterfall import Waterfall
 
     price = price_for(CostConfig(), "p4d.24xlarge")
     assert price.on_demand_usd_per_hour is not None

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from thrifty.errors import ConfigError, ThriftyError
-from thrifty.run.forecast import cannot_reach, fit_power_law, forecast, require_validation
+from thrifty.measure.forecast import cannot_reach, fit_power_law, forecast, require_validation
 
 END = 10_000  # the budget, in optimizer steps
 STEPS = np.arange(500, END, 500, dtype=float)  # an evaluation every 500 steps

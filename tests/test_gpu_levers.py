@@ -21,9 +21,9 @@ from thrifty import cli
 from thrifty.errors import ConfigError
 from thrifty.levers import fp8
 from thrifty.levers.precision import resolve_precision
-from thrifty.tuning.compare import FAILED, NOT_RUN, OPEN, Comparison, conclude
-from thrifty.tuning.search import Search
-from thrifty.tuning.space import (
+from thrifty.search.tune.compare import FAILED, NOT_RUN, OPEN, Comparison, conclude
+from thrifty.search.tune.search import Search
+from thrifty.search.tune.space import (
     AUTO,
     CUDA_COMPILE_MODES,
     LEVERS,
@@ -33,7 +33,7 @@ from thrifty.tuning.space import (
     build_space,
     hardware_precisions,
 )
-from thrifty.tuning.trials import Candidate, failed, from_summary, no_step
+from thrifty.search.tune.trials import Candidate, failed, from_summary, no_step
 
 # --------------------------------------------------------------------------------------------
 # FP8: where it runs, what it converts, and the parity check

@@ -20,8 +20,8 @@ from helpers import AugmentedTokens, TokenDataset, stop_group_after, tiny_gpt
 from thrifty.data.loading import IgnoreStopSignals, LoaderSettings, _blocked, build_loader
 from thrifty.data.sampling import EpochSampler
 from thrifty.errors import ConfigError
-from thrifty.records.directory import read_metrics
 from thrifty.records.stop_signals import EXIT_PREEMPTED, parse_signals
+from thrifty.rundir.files import read_metrics
 
 TESTS = Path(__file__).parent
 

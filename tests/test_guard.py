@@ -13,7 +13,7 @@ import torch
 from thrifty.config import GuardConfig, check_target, dump_toml
 from thrifty.config.train import _build
 from thrifty.errors import ConfigError
-from thrifty.run.guard import NonFiniteCounter, SpikeDetector
+from thrifty.measure.guard import NonFiniteCounter, SpikeDetector
 
 
 def noisy_losses(n: int, seed: int = 0, start: float = 4.0, noise: float = 0.05) -> list[float]:

@@ -11,7 +11,7 @@ import pytest
 from test_guard_in_training import Linear, config, regression
 from thrifty import Trainer
 from thrifty.config.guard import GuardConfig
-from thrifty.run.guard import Detector, RunGuard, Verdict
+from thrifty.measure.guard import Detector, RunGuard, Verdict
 
 
 class LossFloor(Detector):

@@ -14,10 +14,10 @@ from torch import nn
 from helpers import TokenDataset, tiny_gpt
 from test_cli import run_cli
 from thrifty import Trainer
-from thrifty.checkpoint.loading import load_checkpoint
+from thrifty.checkpointing.store.loading import load_checkpoint
 from thrifty.config import TrainConfig
 from thrifty.errors import ConfigError
-from thrifty.records.directory import read_metrics
+from thrifty.rundir.files import read_metrics
 
 FEATURES = 6
 

@@ -15,7 +15,7 @@ from thrifty import cli
 from thrifty.demo import DEMO_CONFIG, build_model
 from thrifty.errors import ConfigError
 from thrifty.plan.lawpoints import read_points
-from thrifty.sweeps.isoflop import MIN_STEPS, layout, parse_sizes
+from thrifty.search.sweep.isoflop import MIN_STEPS, layout, parse_sizes
 
 TESTS = Path(__file__).resolve().parent
 KEY = "task.model_args.n_embd"

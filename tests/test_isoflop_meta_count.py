@@ -10,7 +10,7 @@ import tomli_w
 
 from test_isoflop import CONFIG, KEY
 from thrifty.demo import build_model
-from thrifty.sweeps.isoflop import layout
+from thrifty.search.sweep.isoflop import layout
 
 # n_embd 100,000 in one layer: about 1.2e11 parameters, 480 GB of float32 weights.
 HUGE = 100_000
@@ -32,7 +32,7 @@ def demo_params(n_embd: int) -> int:
 
 
 def test_a_size_too_large_to_allocate_is_counted_on_the_meta_device() -> None:
-    from thrifty.sweeps.isoflop import count_params
+    from thrifty.search.sweep.isoflop import count_params
 
     small = {**CONFIG["task"]["model_args"], "n_embd": 40}
     assert count_params(build_model, small) == built(40) == demo_params(40)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import thrifty.run.lock as lock
+import thrifty.rundir.lock as lock
 from lock_holders import (
     BUCKET,
     HOST,
@@ -26,10 +26,10 @@ from lock_holders import (
     s3_server,
     wait_until,
 )
-from thrifty.checkpoint.storage import open_storage
+from thrifty.checkpointing.store.storage import open_storage
 from thrifty.errors import ThriftyError
-from thrifty.run.lease import Lease
-from thrifty.run.lock import LEASE_FILE, LOCK_FILE, Holder, RunInUseError, RunLock
+from thrifty.rundir.lease import Lease
+from thrifty.rundir.lock import LEASE_FILE, LOCK_FILE, Holder, RunInUseError, RunLock
 
 
 @pytest.fixture(autouse=True)
@@ -61,7 +61,7 @@ def test_a_second_process_is_refused_naming_the_holder_then_takes_over_after_sig
     assert message.startswith(f"run directory {run} is in use by pid {first.pid} on host {HOST}")
     assert message.endswith(": wait for it to end, or use another --out")
     first.kill()
-    with caplog.at_level(logging.WARNING, logger="thrifty.run.lock"), RunLock(run):
+    with caplog.at_level(logging.WARNING, logger="thrifty.rundir.lock"), RunLock(run):
         holder = Holder.parse((run / LOCK_FILE).read_bytes())
         assert holder is not None and holder.pid == os.getpid()
     assert f"took over the lock on run directory {run} from pid {first.pid}" in caplog.text
@@ -122,7 +122,7 @@ def test_without_flock_a_live_holder_is_refused_and_a_killed_one_is_taken_over(
     first = holding(run_dir=str(tmp_path), no_flock=True)
     assert f"in use by pid {first.pid} on host {HOST}" in refusal(tmp_path)
     first.kill()
-    with caplog.at_level(logging.WARNING, logger="thrifty.run.lock"), RunLock(tmp_path):
+    with caplog.at_level(logging.WARNING, logger="thrifty.rundir.lock"), RunLock(tmp_path):
         assert Holder.parse((tmp_path / LOCK_FILE).read_bytes()).pid == os.getpid()
     assert f"took over the stale lock on run directory {tmp_path} from pid {first.pid}" in (
         caplog.text
@@ -164,7 +164,7 @@ def test_without_flock_another_hosts_lock_is_refused_until_untouched_for_a_ttl(
     assert "in use by pid 4242 on host gpu-box-7" in message
     write_lock(tmp_path, age_seconds=70.0, host="gpu-box-7", pid=4242)
     with (
-        caplog.at_level(logging.WARNING, logger="thrifty.run.lock"),
+        caplog.at_level(logging.WARNING, logger="thrifty.rundir.lock"),
         RunLock(tmp_path, ttl_seconds=60),
     ):
         pass
@@ -188,7 +188,7 @@ def test_without_flock_a_lock_taken_over_meanwhile_is_reported_lost_and_left_alo
     held = RunLock(tmp_path, ttl_seconds=0.6).acquire()
     try:
         write_lock(tmp_path, host="gpu-box-7", pid=4242, token="someone-else")
-        with caplog.at_level(logging.ERROR, logger="thrifty.run.lock"):
+        with caplog.at_level(logging.ERROR, logger="thrifty.rundir.lock"):
             assert wait_until(lambda: held.lost is not None, timeout=10)
         assert held.lost == (
             f"lost the lock on run directory {tmp_path}: it is now held by pid 4242 on host "
@@ -233,7 +233,7 @@ def test_an_expired_lease_is_taken_over_with_a_warning(tmp_path, memory_location
     )
     open_storage(memory_location).write_bytes(LEASE_FILE, dead.to_bytes())
     with (
-        caplog.at_level(logging.WARNING, logger="thrifty.run.lock"),
+        caplog.at_level(logging.WARNING, logger="thrifty.rundir.lock"),
         RunLock(tmp_path, memory_location, settle_seconds=0.05),
     ):
         assert lease_of(memory_location).pid == os.getpid()
@@ -294,7 +294,7 @@ def test_a_lease_taken_over_meanwhile_is_reported_lost_and_not_deleted(
             expires=time.time() + 600,
         )
         open_storage(memory_location).write_bytes(LEASE_FILE, rival.to_bytes())
-        with caplog.at_level(logging.ERROR, logger="thrifty.run.lock"):
+        with caplog.at_level(logging.ERROR, logger="thrifty.rundir.lock"):
             assert wait_until(lambda: held.lost is not None, timeout=10)
         assert "lost the lease on checkpoint location" in held.lost
         assert "two runs may now write there" in caplog.text
@@ -334,7 +334,7 @@ def test_an_s3_lease_of_a_run_sigkilled_on_this_host_is_taken_over_at_once(
     first.kill()
     # Nobody renews it now; on this host its pid says it is gone, long before the lease lapses.
     with (
-        caplog.at_level(logging.WARNING, logger="thrifty.run.lock"),
+        caplog.at_level(logging.WARNING, logger="thrifty.rundir.lock"),
         RunLock(tmp_path / "b", url, s3_options, settle_seconds=0.05),
     ):
         assert time.time() < lease.expires - 30

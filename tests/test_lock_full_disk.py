@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from thrifty.errors import ThriftyError
-from thrifty.run.lock import RunLock
+from thrifty.rundir.lock import RunLock
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-import thrifty.run.lock as lock
+import thrifty.rundir.lock as lock
 from lock_holders import (
     BUCKET,
     HOST,
@@ -24,8 +24,8 @@ from lock_holders import (
     try_acquire,
     wait_until,
 )
-from thrifty.run.holder import Holder, engine_job
-from thrifty.run.lock import LOCK_FILE, RunLock
+from thrifty.rundir.holder import Holder, engine_job
+from thrifty.rundir.lock import LOCK_FILE, RunLock
 
 OTHER_MACHINE = "gpu-box-7"
 
@@ -96,7 +96,7 @@ def test_a_relaunch_of_the_same_engine_job_takes_over_the_lease_of_its_sigkilled
     assert dead is not None and dead.job == job and dead.host == OTHER_MACHINE
     in_job(monkeypatch, after)
     with (
-        caplog.at_level(logging.WARNING, logger="thrifty.run.lock"),
+        caplog.at_level(logging.WARNING, logger="thrifty.rundir.lock"),
         RunLock(tmp_path / "b", url, options, settle_seconds=0.05),
     ):
         assert time.time() < dead.expires - 30  # no waiting for the dead attempt's lease
@@ -167,7 +167,7 @@ def test_a_lease_of_another_job_killed_on_another_machine_lapses_after_its_ttl(
     if time.time() < dead.expires - 1.0:
         refusal(tmp_path / "b", checkpoint_location=url, storage_options=options)
     taker = RunLock(tmp_path / "b", url, options, settle_seconds=0.05)
-    with caplog.at_level(logging.WARNING, logger="thrifty.run.lock"):
+    with caplog.at_level(logging.WARNING, logger="thrifty.rundir.lock"):
         assert wait_until(lambda: try_acquire(taker), timeout=30)
     try:
         assert time.time() > dead.expires
@@ -208,7 +208,7 @@ def test_without_flock_a_relaunch_of_the_same_job_takes_over_the_lock_file_at_on
     in_job(monkeypatch, {"SLURM_JOB_ID": "7"})
     assert "in use by pid 4242" in refusal(tmp_path)  # the same attempt: it may still run
     in_job(monkeypatch, {"SLURM_RESTART_COUNT": "1"})
-    with caplog.at_level(logging.WARNING, logger="thrifty.run.lock"), RunLock(tmp_path):
+    with caplog.at_level(logging.WARNING, logger="thrifty.rundir.lock"), RunLock(tmp_path):
         assert json.loads((tmp_path / LOCK_FILE).read_bytes())["pid"] == os.getpid()
     assert (
         f"took over the stale lock on run directory {tmp_path} from {dead.describe()}, an earlier "

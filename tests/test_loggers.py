@@ -21,7 +21,7 @@ from thrifty import Trainer
 from thrifty.config import TrainConfig
 from thrifty.errors import MissingDependencyError
 from thrifty.measure.loggers import IntervalScalars
-from thrifty.records.directory import read_metrics
+from thrifty.rundir.files import read_metrics
 
 LOG_EVERY = 2
 

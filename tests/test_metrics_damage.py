@@ -16,7 +16,7 @@ from helpers import TokenDataset, tiny_gpt
 from test_resume import SigtermAt, config
 from thrifty import Trainer
 from thrifty.measure.resume_loss import lost_work_before_resume
-from thrifty.records.directory import read_metrics, truncate_metrics
+from thrifty.rundir.files import read_metrics, truncate_metrics
 
 DAMAGE = {
     "a-line-cut-short-at-the-end": (None, b'{"step": 6, "loss": 5.4, "grad_no'),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from test_resume import losses, train
-from thrifty.records.directory import read_metrics
+from thrifty.rundir.files import read_metrics
 
 
 def val_losses(out) -> dict[int, float]:

@@ -13,7 +13,7 @@ from helpers import Costed, TokenDataset, VirtualClock, time_trainer_with, tiny_
 from thrifty import Trainer
 from thrifty.cli import main
 from thrifty.config import TrainConfig
-from thrifty.records.directory import read_metrics
+from thrifty.rundir.files import read_metrics
 
 PHASES = {"data_wait", "host_to_device", "forward", "backward", "optimizer", "checkpoint", "other"}
 
@@ -248,7 +248,7 @@ def test_gpu_utilization_samples_reach_the_diagnosis(tmp_path):
     from thrifty.measure.monitor import RunMonitor
     from thrifty.measure.progress import ProgressBar
     from thrifty.measure.timing import CpuTimer
-    from thrifty.records.directory import MetricsLog
+    from thrifty.rundir.files import MetricsLog
 
     class FakeSampler:
         def summary_and_reset(self):

@@ -7,9 +7,8 @@ import logging
 
 import pytest
 
-from thrifty.checkpoint.storage import redact
+from thrifty.checkpointing.store.storage import redact
 from thrifty.config import TrainConfig, dump_toml, load_config
-from thrifty.records.directory import MetricsLog, read_metrics, write_json
 from thrifty.redact import (
     REDACTED,
     RedactingFilter,
@@ -18,6 +17,7 @@ from thrifty.redact import (
     redact_text,
     redact_value,
 )
+from thrifty.rundir.files import MetricsLog, read_metrics, write_json
 
 AWS_KEY_ID = "AKIAIOSFODNN7EXAMPLE"
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
@@ -236,7 +236,9 @@ def test_a_log_record_stays_one_line_whatever_its_arguments_hold(caplog):
 
 def test_log_records_are_redacted_by_the_handler_filter(caplog):
     caplog.handler.addFilter(RedactingFilter())
-    logger = logging.getLogger("thrifty.checkpoint")  # a child: its records reach the handler
+    logger = logging.getLogger(
+        "thrifty.checkpointing.store"
+    )  # a child: its records reach the handler
     with caplog.at_level(logging.INFO, logger="thrifty"):
         logger.info("uploading to %s with %s", PRESIGNED, f"aws_secret_access_key={AWS_SECRET}")
         try:
@@ -324,8 +326,8 @@ def test_a_password_cut_at_its_slash_by_the_storage_library_is_still_masked(
 
 
 def test_checkpoint_storage_errors_mask_the_locations_own_password(monkeypatch):
-    from thrifty.checkpoint import CheckpointError
-    from thrifty.checkpoint.storage import FsspecStorage
+    from thrifty.checkpointing.store import CheckpointError
+    from thrifty.checkpointing.store.storage import FsspecStorage
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")

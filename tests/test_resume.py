@@ -17,7 +17,7 @@ from helpers import TokenDataset, tiny_gpt
 from thrifty import Trainer
 from thrifty.config import TrainConfig
 from thrifty.errors import ConfigError, ThriftyError
-from thrifty.records.directory import read_metrics
+from thrifty.rundir.files import read_metrics
 
 
 class SigtermAt(nn.Module):
@@ -356,8 +356,8 @@ def test_sigterm_to_thrifty_train_saves_and_exits_75_then_the_same_command_resum
 
 
 def test_auto_interval_is_dalys_for_the_measured_stall():
+    from thrifty.checkpointing.saving.saves import auto_interval
     from thrifty.plan.spot import daly_interval
-    from thrifty.run.saves import auto_interval
 
     tau, text = auto_interval(stall_seconds=2.0, save_seconds=5.0, interruption_rate=0.5)
     assert tau == pytest.approx(daly_interval(2.0, 7200.0))  # MTBI of 0.5/h = 2 h
@@ -368,9 +368,9 @@ def test_auto_interval_is_dalys_for_the_measured_stall():
 
 
 def test_auto_interval_is_capped_so_a_death_without_notice_loses_at_most_max_interval():
+    from thrifty.checkpointing.saving.saves import auto_interval
     from thrifty.config import CheckpointConfig
     from thrifty.plan.spot import daly_interval
-    from thrifty.run.saves import auto_interval
 
     # A 2 s stall at the default 5-10% advisor bucket: Daly's optimum is hours.
     daly, _ = auto_interval(stall_seconds=2.0, save_seconds=5.0, interruption_rate="5-10%")
@@ -391,8 +391,8 @@ def test_auto_interval_is_capped_so_a_death_without_notice_loses_at_most_max_int
 
 
 def test_a_job_on_several_instances_is_interrupted_whenever_any_one_is(monkeypatch):
+    from thrifty.checkpointing.saving.saves import auto_interval
     from thrifty.plan.spot import daly_interval
-    from thrifty.run.saves import auto_interval
 
     # 4 nodes of 8 under torchrun: 4 x 0.5/h = 2/h for the job, an MTBI of 30 min.
     monkeypatch.setenv("WORLD_SIZE", "32")
@@ -403,7 +403,7 @@ def test_a_job_on_several_instances_is_interrupted_whenever_any_one_is(monkeypat
 
 
 def test_thrifty_spot_provider_pins_what_auto_means(monkeypatch):
-    from thrifty.run.preemption import make_poller
+    from thrifty.checkpointing.saving.preemption import make_poller
 
     monkeypatch.setenv("THRIFTY_SPOT_PROVIDER", "gcp")
     assert make_poller("auto", "http://127.0.0.1:9").name == "gcp"

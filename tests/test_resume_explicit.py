@@ -14,7 +14,7 @@ from test_resume import SigtermAt, assert_same_weights, config, train
 from thrifty import Trainer
 from thrifty.config import TrainConfig
 from thrifty.errors import ThriftyError
-from thrifty.records.directory import read_metrics
+from thrifty.rundir.files import read_metrics
 
 
 def own_steps(out) -> list[int]:

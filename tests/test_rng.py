@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from thrifty.run.rng import rng_state, set_rng_state
+from thrifty.checkpointing.saving.rng import rng_state, set_rng_state
 
 
 class FakeCuda:

@@ -15,14 +15,14 @@ import torch
 from helpers import TokenDataset, tiny_gpt
 from run_dir_helpers import job, snapshot, train
 from thrifty import Trainer
-from thrifty.checkpoint import CheckpointError, CheckpointManager
-from thrifty.checkpoint.manifest import Manifest, step_dir
-from thrifty.checkpoint.retention import purge
-from thrifty.checkpoint.storage import LocalStorage
+from thrifty.checkpointing.store import CheckpointError, CheckpointManager
+from thrifty.checkpointing.store.manifest import Manifest, step_dir
+from thrifty.checkpointing.store.retention import purge
+from thrifty.checkpointing.store.storage import LocalStorage
 from thrifty.config import TrainConfig
 from thrifty.errors import ThriftyError
-from thrifty.own_files import CONFIG_HEADER, REPORT_MARK
-from thrifty.records.directory import read_metrics
+from thrifty.rundir.files import read_metrics
+from thrifty.rundir.own_files import CONFIG_HEADER, REPORT_MARK
 
 
 def one_error(err: str) -> str:

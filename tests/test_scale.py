@@ -257,7 +257,7 @@ def test_the_first_error_of_several_ranks_is_the_one_shown(tmp_path):
     log.write_text(
         "thrifty: distributed: ddp over 2 processes\n"
         "[rank1]: Traceback (most recent call last):\n"
-        '[rank1]:   File "trainer.py", line 1, in fit\n'
+        '[rank1]:   File "run/trainer.py", line 1, in fit\n'
         "[rank1]: AttributeError: 'NoneType' object has no attribute 'write'\n"
         "thrifty: error: rank 0 lost contact with another rank\n"
     )

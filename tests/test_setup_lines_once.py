@@ -8,9 +8,9 @@ import logging
 
 from helpers import TokenDataset, tiny_gpt
 from thrifty import Trainer
+from thrifty.checkpointing.saving.saves import auto_interval
 from thrifty.config import TrainConfig
 from thrifty.measure.peak import Peak
-from thrifty.run.saves import auto_interval
 
 
 class OnceProbed(TokenDataset):

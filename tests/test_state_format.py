@@ -12,9 +12,9 @@ import torch
 from helpers import TokenDataset, tiny_gpt
 from test_resume import SigtermAt, config, losses
 from thrifty import Trainer
-from thrifty.checkpoint import CheckpointManager, load_checkpoint
+from thrifty.checkpointing.saving.state_format import STATE_VERSION, upgrade_state
+from thrifty.checkpointing.store import CheckpointManager, load_checkpoint
 from thrifty.errors import ThriftyError
-from thrifty.run.state_format import STATE_VERSION, upgrade_state
 
 # The keys a version-1 state may lack: written only by later versions.
 LATER_KEYS = ("state_version", "scheduler_kind", "guard", "shuffle", "accumulation")

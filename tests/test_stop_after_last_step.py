@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from stop_probe import sigterm_not_for_thrifty  # noqa: F401 (a fixture)
-from thrifty import trainer as trainer_module
+from thrifty.checkpointing.saving.checkpointer import RunCheckpointer
 from thrifty.cli import main
-from thrifty.run.checkpointer import RunCheckpointer
+from thrifty.run import trainer as trainer_module
 
 JOB = """
 [run]

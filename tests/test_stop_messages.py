@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from stop_probe import finish, job, lines_about, start, wait_for
+from thrifty.checkpointing.saving.preemption import PreemptionWatcher, make_poller
 from thrifty.cli import main
 from thrifty.config import SpotConfig
 from thrifty.errors import ConfigError
 from thrifty.records.stop_signals import StopSignals
-from thrifty.run.preemption import PreemptionWatcher, make_poller
 
 
 def test_ctrl_c_during_the_emergency_save_says_what_a_stop_loses_and_a_third_stops_at_once(
@@ -86,8 +86,8 @@ def test_a_checkpoint_still_being_written_is_not_counted_as_saved(tmp_path, monk
     # now would leave no step 3 on disk, so the count runs from the checkpoint that is.
     import threading
 
-    from thrifty.checkpoint import manager as manager_module
-    from thrifty.checkpoint.manager import CheckpointManager
+    from thrifty.checkpointing.store import manager as manager_module
+    from thrifty.checkpointing.store.manager import CheckpointManager
 
     release, write = threading.Event(), manager_module.write_checkpoint
 

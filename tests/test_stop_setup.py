@@ -18,10 +18,10 @@ from stop_probe import (
     signal_at,
     sigterm_not_for_thrifty,  # noqa: F401 (a fixture)
 )
+from thrifty.checkpointing.saving.checkpointer import RunCheckpointer
 from thrifty.cli import main
 from thrifty.errors import ConfigError
 from thrifty.records.stop_signals import EXIT_PREEMPTED
-from thrifty.run.checkpointer import RunCheckpointer
 
 NOTHING_YET = "during set-up: nothing to save yet; run the same command to"
 

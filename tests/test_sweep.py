@@ -30,7 +30,7 @@ import optuna
 import pytest
 
 from thrifty import cli
-from thrifty.checkpoint.manifest import MANIFEST
+from thrifty.checkpointing.store.manifest import MANIFEST
 
 TESTS = Path(__file__).resolve().parent
 
@@ -274,9 +274,9 @@ def test_a_worker_whose_lease_lapsed_stops_the_trial_another_took_up_and_tells_o
     """This worker's renewals stalled past its lease (a database gone for a minute); another
     worker requeued the trial and took it up. At its next renewal this worker stops its run
     (it saves) instead of training the trial alongside the other and telling its outcome."""
-    from thrifty.sweeps import study as study_module
-    from thrifty.sweeps.leases import requeue
-    from thrifty.sweeps.study import LEASE_KEY, lease
+    from thrifty.search.sweep import study as study_module
+    from thrifty.search.sweep.leases import requeue
+    from thrifty.search.sweep.study import LEASE_KEY, lease
 
     monkeypatch.setattr(study_module, "LEASE_SECONDS", 1.2)  # renewals every 0.2 s
     config, space = write_inputs(tmp_path, steps=400)
@@ -473,7 +473,7 @@ def test_a_checkpoint_location_in_the_config_gives_each_trial_a_folder_of_its_ow
 
 
 def test_a_trials_checkpoint_place_is_in_its_config_never_on_its_command_line() -> None:
-    from thrifty.sweeps.trial import TrialSetup, command, trial_config, trial_place
+    from thrifty.search.sweep.trial import TrialSetup, command, trial_config, trial_place
 
     assert trial_place("s3://b/runs/", "lr", 3) == "s3://b/runs/lr/trials/0003"
     assert trial_place("https://h/p?sig=x", "lr", 12) == "https://h/p/lr/trials/0012?sig=x"
@@ -499,7 +499,7 @@ def test_a_trials_checkpoint_place_is_in_its_config_never_on_its_command_line() 
 def test_a_trial_stopped_before_its_first_checkpoint_is_said_to_start_again_from_step_0(
     tmp_path: Path,
 ) -> None:
-    from thrifty.sweeps.trial import TrialSetup, resumes_from
+    from thrifty.search.sweep.trial import TrialSetup, resumes_from
 
     setup = TrialSetup(
         config_text=b"", overrides=[], out=tmp_path, env={}, pruner_name="none", pruner=None,

@@ -8,9 +8,9 @@ import pytest
 from optuna.trial import TrialState
 
 from thrifty.errors import ThriftyError
-from thrifty.sweeps.results import budget_allows
-from thrifty.sweeps.runner import Budget
-from thrifty.sweeps.trial import FACTS_KEY, SECONDS_KEY
+from thrifty.search.sweep.results import budget_allows
+from thrifty.search.sweep.runner import Budget
+from thrifty.search.sweep.trial import FACTS_KEY, SECONDS_KEY
 
 
 def study_with(*trials: tuple[str, float, float | None, int, int]) -> optuna.Study:
@@ -78,7 +78,7 @@ def test_a_bad_budget_is_one_line(text: str) -> None:
 
 
 def test_each_worker_has_a_gpu_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    from thrifty.sweeps.runner import _device_env, visible_gpus
+    from thrifty.search.sweep.runner import _device_env, visible_gpus
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,5")
     gpus = visible_gpus()
@@ -95,7 +95,7 @@ def test_each_worker_has_a_gpu_of_its_own(monkeypatch: pytest.MonkeyPatch) -> No
 def test_each_trial_gets_its_share_of_the_cores_unless_you_set_the_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from thrifty.sweeps.runner import trial_env
+    from thrifty.search.sweep.runner import trial_env
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

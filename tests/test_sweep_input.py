@@ -9,8 +9,8 @@ import pytest
 
 from test_sweep import CONFIG, SPACE, write_inputs
 from thrifty.cli import main
-from thrifty.sweeps.plan import make_sweep
-from thrifty.sweeps.results import BEST_TOML, write
+from thrifty.search.sweep.plan import make_sweep
+from thrifty.search.sweep.results import BEST_TOML, write
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:

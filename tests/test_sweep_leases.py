@@ -13,9 +13,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from thrifty.sweeps.leases import Leases, requeue
-from thrifty.sweeps.study import LEASE_KEY, lease, requeue_orphans
-from thrifty.sweeps.trial import SECONDS_KEY
+from thrifty.search.sweep.leases import Leases, requeue
+from thrifty.search.sweep.study import LEASE_KEY, lease, requeue_orphans
+from thrifty.search.sweep.trial import SECONDS_KEY
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -11,8 +11,8 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from thrifty.sweeps import hyperband
-from thrifty.sweeps.pruning import ForecastPruner, explain
+from thrifty.search.sweep import hyperband
+from thrifty.search.sweep.pruning import ForecastPruner, explain
 
 
 def test_the_brackets_are_hyperbands_own() -> None:

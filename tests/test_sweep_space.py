@@ -7,7 +7,7 @@ import optuna
 import pytest
 
 from thrifty.errors import ConfigError
-from thrifty.sweeps.space import parse_space
+from thrifty.search.sweep.space import parse_space
 
 BASE = {"run": {"max_steps": 10, "device": "cpu"}, "batch": {"micro": 8, "effective": 16}}
 

@@ -12,7 +12,7 @@ import pytest
 
 from test_sweep import write_inputs
 from test_sweep_input import one_line_error, sweep_args
-from thrifty.sweeps.study import open_storage
+from thrifty.search.sweep.study import open_storage
 
 
 def users_database(path: Path) -> bytes:

@@ -16,13 +16,13 @@ import torch
 
 from helpers import Costed, VirtualClock, time_trainer_with, wire_monitor
 from thrifty import Trainer
-from thrifty import trainer as trainer_module
 from thrifty.config import TrainConfig
 from thrifty.measure.monitor import RunMonitor
 from thrifty.measure.peak import Peak
 from thrifty.measure.progress import ProgressBar
 from thrifty.measure.timing import CudaTimer, NullTimer, make_timer, measure_flops
-from thrifty.records.directory import MetricsLog, read_metrics
+from thrifty.run import trainer as trainer_module
+from thrifty.rundir.files import MetricsLog, read_metrics
 
 LAUNCH = 0.001  # host seconds to queue one phase's kernels
 WORK = {"data_wait": 0.002, "forward": 0.030, "backward": 0.060, "optimizer": 0.010}

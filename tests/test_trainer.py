@@ -12,7 +12,7 @@ from helpers import TokenDataset, tiny_gpt
 from thrifty import Trainer
 from thrifty.config import TrainConfig
 from thrifty.errors import ThriftyError
-from thrifty.records.directory import read_metrics
+from thrifty.rundir.files import read_metrics
 
 
 def cfg(tmp_path, **sections) -> TrainConfig:

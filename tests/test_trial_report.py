@@ -222,7 +222,7 @@ loss_fn = "dist_task:cross_entropy"
 def test_a_real_trial_reports_through_its_entry_point_and_stops_as_its_search_answers(
     tmp_path, answers, code, steps
 ):
-    from thrifty.checkpoint.manifest import MANIFEST
+    from thrifty.checkpointing.store.manifest import MANIFEST
 
     heard: list[Evaluation] = []
 
@@ -234,7 +234,7 @@ def test_a_real_trial_reports_through_its_entry_point_and_stops_as_its_search_an
     tests = str(Path(__file__).resolve().parent)
     path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)
     pipe = TrialPipe(answers=True)
-    command = [sys.executable, "-m", "thrifty.tune_trial", pipe.argument(), "train"]
+    command = [sys.executable, "-m", "thrifty.trial", pipe.argument(), "train"]
     child = Child(
         [*command, "--out", str(out)],
         {**os.environ, "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""},

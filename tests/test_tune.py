@@ -24,14 +24,14 @@ from dist_task import Net
 from thrifty import cli
 from thrifty.config import load_config, toml_loads
 from thrifty.errors import ConfigError, ThriftyError
-from thrifty.tuning import compare, session
-from thrifty.tuning.api import import_path
-from thrifty.tuning.configs import trial_config, winner_config
-from thrifty.tuning.report import print_report, result_dict
-from thrifty.tuning.search import Search
-from thrifty.tuning.session import make_plan, run_tune
-from thrifty.tuning.space import AUTO, COMPILE_MODES, LEVERS, POLICIES, Setting, Space
-from thrifty.tuning.trials import Candidate, ChildTrials, failed, from_summary, stopped
+from thrifty.search.tune import compare, session
+from thrifty.search.tune.api import import_path
+from thrifty.search.tune.configs import trial_config, winner_config
+from thrifty.search.tune.report import print_report, result_dict
+from thrifty.search.tune.search import Search
+from thrifty.search.tune.session import make_plan, run_tune
+from thrifty.search.tune.space import AUTO, COMPILE_MODES, LEVERS, POLICIES, Setting, Space
+from thrifty.search.tune.trials import Candidate, ChildTrials, failed, from_summary, stopped
 
 TESTS = Path(__file__).resolve().parent
 
@@ -826,7 +826,7 @@ def test_no_finished_trial_raises_with_the_trials_kept(tmp_path, children_import
 
 def test_thrifty_tune_is_the_function_even_once_its_modules_are_imported():
     code = (
-        "import thrifty.tuning.search, thrifty; from thrifty import tune; "
+        "import thrifty.search.tune.search, thrifty; from thrifty import tune; "
         "print(callable(thrifty.tune), callable(tune), thrifty.tune.__name__)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -835,7 +835,7 @@ def test_thrifty_tune_is_the_function_even_once_its_modules_are_imported():
 
 def test_registering_the_command_does_not_import_torch():
     code = (
-        "import sys, thrifty.cli; thrifty.cli.build_parser(); import thrifty.tuning; "
+        "import sys, thrifty.cli; thrifty.cli.build_parser(); import thrifty.search.tune; "
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -16,7 +16,7 @@ import torch
 from dist_task import Net
 from test_tune import CONFIG, one_line_error
 from thrifty.callbacks.trial_pipe import TrialPipe
-from thrifty.tuning import trials
+from thrifty.search.tune import trials
 
 TESTS = Path(__file__).resolve().parent
 
@@ -69,7 +69,7 @@ def only_the_baseline(config: Path, out: Path, budget: str) -> list[str]:
 
 
 class BudgetWaitedOut:
-    """`time` as thrifty.tuning.trials sees it: the real clock until the tune has read the
+    """`time` as thrifty.search.tune.trials sees it: the real clock until the tune has read the
     trial's "ready" and the trial sits in its hanging forward; from then on `jump` seconds
     later, past the deadline of a budget of `jump` seconds, as if it had been waited out."""
 

@@ -14,8 +14,8 @@ import pytest
 
 from test_tune import CONFIG, FakeTrials, one_line_error
 from thrifty import cli
-from thrifty.tuning import session
-from thrifty.tuning.session import make_plan, run_tune
+from thrifty.search.tune import session
+from thrifty.search.tune.session import make_plan, run_tune
 
 TESTS = Path(__file__).resolve().parent
 MINE = bytes(range(256)) * 4  # a user's file: every byte value, so any rewrite shows

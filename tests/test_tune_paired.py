@@ -18,8 +18,8 @@ import pytest
 
 from test_tune import BASE, CONFIG, space
 from thrifty.reporting import render_report
-from thrifty.tuning import session
-from thrifty.tuning.compare import (
+from thrifty.search.tune import session
+from thrifty.search.tune.compare import (
     FINAL,
     MIN_MEASURED_STEPS,
     Comparison,
@@ -27,13 +27,13 @@ from thrifty.tuning.compare import (
     measured_steps,
     needed,
 )
-from thrifty.tuning.paired import bracketed_ratios, estimate
-from thrifty.tuning.report import result_dict
-from thrifty.tuning.search import Search
-from thrifty.tuning.session import TuneResult, make_plan, run_tune
-from thrifty.tuning.space import Setting
-from thrifty.tuning.stopping import TuneStopped
-from thrifty.tuning.trials import Candidate, Interrupted, Trial, from_summary
+from thrifty.search.tune.paired import bracketed_ratios, estimate
+from thrifty.search.tune.report import result_dict
+from thrifty.search.tune.search import Search
+from thrifty.search.tune.session import TuneResult, make_plan, run_tune
+from thrifty.search.tune.space import Setting
+from thrifty.search.tune.stopping import TuneStopped
+from thrifty.search.tune.trials import Candidate, Interrupted, Trial, from_summary
 
 SECONDS = 10.0  # each run, on the fake clock
 

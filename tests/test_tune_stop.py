@@ -160,7 +160,7 @@ def trial_processes(parent: int) -> list[int]:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and b"thrifty.tune_trial" in cmdline:
+        if ppid == parent and b"thrifty.trial" in cmdline:
             found.append(int(entry.name))
     return found
 

@@ -20,8 +20,8 @@ from thrifty import Trainer
 from thrifty.config import TrainConfig
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.levers.user_scheduler import UserScheduler
-from thrifty.records.directory import read_metrics
-from thrifty.run.guard import rewind_schedule, scale_learning_rate
+from thrifty.measure.guard import rewind_schedule, scale_learning_rate
+from thrifty.rundir.files import read_metrics
 
 FEATURES = 6
 LR = 0.1
@@ -259,7 +259,7 @@ def test_a_run_killed_and_resumed_follows_the_users_scheduler_bit_for_bit(tmp_pa
 
 
 def newest_checkpoint(out) -> dict:
-    from thrifty.checkpoint.loading import load_checkpoint
+    from thrifty.checkpointing.store.loading import load_checkpoint
 
     return load_checkpoint(str(sorted((out / "checkpoints").glob("step-*"))[-1]))
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from thrifty import Trainer
 from thrifty.config import TrainConfig
-from thrifty.records.directory import read_metrics
+from thrifty.rundir.files import read_metrics
 
 transformers = pytest.importorskip("transformers")
 

@@ -10,7 +10,7 @@ from thrifty.lazy import lazy_exports
 __version__ = "0.1.0"
 
 _EXPORTS = {  # module: the names it lends the package
-    "thrifty.trainer": "Trainer FitResult",
+    "thrifty.run.trainer": "Trainer FitResult",
     "thrifty.config": (
         "TrainConfig load_config RunConfig PrecisionConfig ActivationCheckpointingConfig "
         "BatchConfig OptimizerConfig ScheduleConfig DataConfig CompileConfig EvalConfig "
@@ -24,8 +24,8 @@ _EXPORTS = {  # module: the names it lends the package
     "thrifty.levers.schedule": "scaled_lr lr_multiplier build_scheduler",
     "thrifty.data.loading": "choose_num_workers build_loader EpochSampler LoaderSettings",
     "thrifty.levers.early_stopping": "EarlyStopping",
-    "thrifty.tuning": "tune",
-    "thrifty.sweeps": "sweep",
+    "thrifty.search.tune": "tune",
+    "thrifty.search.sweep": "sweep",
     "thrifty.errors": "ThriftyError ConfigError DataSourceError",
 }
 

@@ -365,7 +365,7 @@ class RedactingFilter(logging.Filter):
     the message kept on one line (`one_line`).
 
     Install it on handlers, not loggers: a logger's filters skip records that its children
-    (`thrifty.checkpoint`) pass up, a handler's see every record it writes.
+    (`thrifty.checkpointing.store`) pass up, a handler's see every record it writes.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:

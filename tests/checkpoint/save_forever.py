@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from thrifty.checkpoint import CheckpointManager
+from thrifty.checkpointing.store import CheckpointManager
 
 
 def main() -> None:

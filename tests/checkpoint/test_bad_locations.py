@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from checkpoint.s3_server import BUCKET, options
-from thrifty.checkpoint import CheckpointError, CheckpointManager
+from thrifty.checkpointing.saving.saves import make_manager
+from thrifty.checkpointing.store import CheckpointError, CheckpointManager
 from thrifty.config import CheckpointConfig
-from thrifty.run.saves import make_manager
 
 MiB = 1 << 20
 

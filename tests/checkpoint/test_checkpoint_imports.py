@@ -16,9 +16,9 @@ def _loaded_after(code: str) -> list[str]:
 
 
 def test_importing_the_manifest_reader_loads_neither_torch_nor_fsspec() -> None:
-    code = "import thrifty.checkpoint.manifest; from thrifty.checkpoint import Manifest, step_dir"
+    code = "import thrifty.checkpointing.store.manifest; from thrifty.checkpointing.store import Manifest, step_dir"
     assert _loaded_after(code) == []
 
 
 def test_importing_the_checkpoint_manager_loads_torch_but_not_fsspec() -> None:
-    assert _loaded_after("from thrifty.checkpoint import CheckpointManager") == ["torch"]
+    assert _loaded_after("from thrifty.checkpointing.store import CheckpointManager") == ["torch"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from thrifty.checkpoint import CheckpointManager
+from thrifty.checkpointing.store import CheckpointManager
 
 WORKER = str(Path(__file__).with_name("save_forever.py"))
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL")
@@ -45,7 +45,7 @@ def kill_repeatedly(tmp_path, args, check_state, kills: int, *, expect_no_warnin
         # The "new process" that resumes: it must land on a complete checkpoint.
         location, *local = args
         resume_dir = str(tmp_path / f"resume-{len(reached)}") if local else None
-        with caplog.at_level(logging.WARNING, logger="thrifty.checkpoint"):
+        with caplog.at_level(logging.WARNING, logger="thrifty.checkpointing.store"):
             manager = CheckpointManager(location, local_dir=resume_dir or None)
             info = manager.latest()
         assert info is not None and info.step > max(reached, default=0)

@@ -10,9 +10,9 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from thrifty.checkpoint import CheckpointManager, NoValidCheckpointError
+from thrifty.checkpointing.saving.saves import make_manager, resume_point
+from thrifty.checkpointing.store import CheckpointManager, NoValidCheckpointError
 from thrifty.config import CheckpointConfig
-from thrifty.run.saves import make_manager, resume_point
 
 
 def fingerprint(folder: Path) -> dict[str, str]:

@@ -14,10 +14,10 @@ import fsspec
 import pytest
 
 from checkpoint.s3_server import BUCKET, options
-from thrifty.checkpoint import CheckpointManager
-from thrifty.checkpoint.storage import FsspecStorage
+from thrifty.checkpointing.saving.saves import finish_uploads, make_manager
+from thrifty.checkpointing.store import CheckpointManager
+from thrifty.checkpointing.store.storage import FsspecStorage
 from thrifty.config import CheckpointConfig
-from thrifty.run.saves import finish_uploads, make_manager
 
 pytest.importorskip("s3fs")
 
@@ -98,7 +98,7 @@ def test_an_outage_past_the_deadline_ends_the_upload_naming_the_location_and_kee
     )
     s3.stop()
     try:
-        with caplog.at_level(logging.WARNING, logger="thrifty.checkpoint"):
+        with caplog.at_level(logging.WARNING, logger="thrifty.checkpointing.store"):
             manager.save(3, make_state(3))
             assert manager.wait(timeout=60)  # the attempt ended: no hang, no error
         status = manager.upload_status()

@@ -10,9 +10,8 @@ import time
 
 import pytest
 
-import thrifty.run.preemption as preemption
-from thrifty.errors import ConfigError
-from thrifty.run.preemption import (
+import thrifty.checkpointing.saving.preemption as preemption
+from thrifty.checkpointing.saving.preemption import (
     EXIT_PREEMPTED,
     AwsPoller,
     AzurePoller,
@@ -21,6 +20,7 @@ from thrifty.run.preemption import (
     detect_provider,
     make_poller,
 )
+from thrifty.errors import ConfigError
 
 TOKEN = "AQAEAFake-token=="
 INSTANCE_ACTION = "/latest/meta-data/spot/instance-action"

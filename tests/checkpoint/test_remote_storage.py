@@ -10,8 +10,8 @@ import sys
 import fsspec
 import pytest
 
-from thrifty.checkpoint import CheckpointManager, open_storage, redact
-from thrifty.checkpoint.storage import FsspecStorage, LocalStorage
+from thrifty.checkpointing.store import CheckpointManager, open_storage, redact
+from thrifty.checkpointing.store.storage import FsspecStorage, LocalStorage
 from thrifty.errors import MissingDependencyError
 
 
@@ -73,7 +73,7 @@ def test_a_corrupt_remote_checkpoint_is_skipped_and_the_previous_one_downloaded(
     data[100] ^= 0x01
     fs.pipe_file(f"{bucket}/step-00000002/state.pt", bytes(data))
     fresh = CheckpointManager(bucket, local_dir=str(tmp_path / "b"))
-    with caplog.at_level(logging.WARNING, logger="thrifty.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="thrifty.checkpointing.store"):
         info = fresh.latest()
     assert info is not None and info.step == 1
     check_state(fresh.load(info), 1)
@@ -110,7 +110,7 @@ def test_open_storage_picks_os_for_paths_and_fsspec_for_urls(tmp_path):
 
 def test_importing_thrifty_checkpoint_does_not_import_fsspec():
     code = (
-        "import sys, thrifty.checkpoint, thrifty.run.preemption; "
+        "import sys, thrifty.checkpointing.store, thrifty.checkpointing.saving.preemption; "
         "print(sorted(m for m in ('fsspec', 's3fs', 'botocore') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -128,7 +128,7 @@ def test_each_location_gets_a_filesystem_of_its_own_not_fsspecs_cached_one():
     environment of its first use: a location opened after AWS_ENDPOINT_URL changed went to
     the first endpoint (to AWS itself, where the first use had none)."""
     pytest.importorskip("s3fs")
-    from thrifty.checkpoint.storage import FsspecStorage
+    from thrifty.checkpointing.store.storage import FsspecStorage
 
     first, second = FsspecStorage("s3://bucket/run"), FsspecStorage("s3://bucket/run")
     assert first.fs is not second.fs

@@ -10,8 +10,8 @@ import pytest
 
 from checkpoint.s3_server import BUCKET, free_port, options
 from checkpoint.s3_server import FAKE_SECRET as SECRET
-from thrifty.checkpoint import CheckpointError, CheckpointManager, TransientStorageError
-from thrifty.checkpoint.storage import FsspecStorage
+from thrifty.checkpointing.store import CheckpointError, CheckpointManager, TransientStorageError
+from thrifty.checkpointing.store.storage import FsspecStorage
 
 pytest.importorskip("moto.server")
 pytest.importorskip("boto3")
@@ -59,7 +59,7 @@ def test_the_server_going_away_mid_upload_is_retried_with_backoff_until_it_is_ba
             threading.Timer(1.0, s3.start).start()
 
     monkeypatch.setattr(FsspecStorage, "upload", upload_then_lose_the_server)
-    with caplog.at_level(logging.WARNING, logger="thrifty.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="thrifty.checkpointing.store"):
         manager.save(1, make_state(1))
         assert manager.wait(timeout=60)
     monkeypatch.undo()
@@ -89,7 +89,7 @@ def test_while_the_server_is_down_training_goes_on_and_checkpoints_wait_locally(
     assert manager.wait(timeout=60)
     s3.stop()
     try:
-        with caplog.at_level(logging.WARNING, logger="thrifty.checkpoint"):
+        with caplog.at_level(logging.WARNING, logger="thrifty.checkpointing.store"):
             for step in (2, 3):
                 manager.save(step, make_state(step))  # no error: training keeps going
                 assert manager.wait(timeout=60)

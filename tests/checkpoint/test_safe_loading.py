@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from thrifty.checkpoint import CheckpointManager, UnsafeCheckpointError
+from thrifty.checkpointing.store import CheckpointManager, UnsafeCheckpointError
 
 
 class RunsACommand:
@@ -72,7 +72,7 @@ def test_plain_tensors_and_values_load_with_weights_only(tmp_path):
 def test_a_manifests_cost_record_round_trips_and_a_malformed_one_is_ignored():
     import json
 
-    from thrifty.checkpoint.manifest import FileEntry, Manifest
+    from thrifty.checkpointing.store.manifest import FileEntry, Manifest
 
     record = {"seconds": 12.5, "usd_per_hour": 3.0, "pricing": "spot", "gpus": 8}
     entry = FileEntry("state.pt", 10, "0" * 64)

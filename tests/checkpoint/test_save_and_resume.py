@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
-import thrifty.checkpoint.writing as writing_module
-from thrifty.checkpoint import (
+import thrifty.checkpointing.store.writing as writing_module
+from thrifty.checkpointing.store import (
     CheckpointError,
     CheckpointManager,
     CorruptCheckpointError,
@@ -164,7 +164,7 @@ def test_a_byte_flipped_checkpoint_is_skipped_with_a_warning_naming_it(
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="thrifty.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="thrifty.checkpointing.store"):
         info = manager.latest()
     assert info is not None and info.step == 1
     check_state(manager.load(info), 1)
@@ -183,7 +183,7 @@ def test_a_truncated_checkpoint_is_skipped_and_loading_it_names_the_file(
     size = path.stat().st_size
     with open(path, "r+b") as f:
         f.truncate(size // 3)
-    with caplog.at_level(logging.WARNING, logger="thrifty.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="thrifty.checkpointing.store"):
         assert manager.latest().step == 1
     assert "step-00000002" in caplog.text and "truncated" in caplog.text
     with pytest.raises(CorruptCheckpointError, match=f"is {size // 3} bytes but its manifest"):
@@ -195,7 +195,7 @@ def test_a_garbled_manifest_is_skipped_with_a_warning(tmp_path, make_state, capl
         manager.save(1, make_state(1))
         manager.save(2, make_state(2))
     (tmp_path / "step-00000002" / "manifest.json").write_text('{"format": "thrifty-checkpoint"')
-    with caplog.at_level(logging.WARNING, logger="thrifty.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="thrifty.checkpointing.store"):
         assert manager.latest().step == 1
     assert "step-00000002" in caplog.text
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from thrifty.checkpointing.saving.preemption import PreemptionWatcher
 from thrifty.config import SpotConfig
 from thrifty.errors import ConfigError
-from thrifty.run.preemption import PreemptionWatcher
 from thrifty.strategies.launcher import _shutdown_settings, forwarded_signals, worker_grace_seconds
 
 TIMEOUT = 120  # seconds a training process may take before the test fails instead of hanging

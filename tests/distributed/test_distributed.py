@@ -154,7 +154,7 @@ def final_weights(run: Path) -> dict[str, torch.Tensor]:
         return state["model"]
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from thrifty.checkpoint.sharded import read_metadata_safely, read_shards
+    from thrifty.checkpointing.store.sharded import read_metadata_safely, read_shards
 
     metadata = read_metadata_safely(str(folder / "shards" / ".metadata"))
     template = {

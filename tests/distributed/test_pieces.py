@@ -9,9 +9,9 @@ import pickle
 import pytest
 import torch
 
-from thrifty.checkpoint.errors import CorruptCheckpointError, UnsafeCheckpointError
-from thrifty.checkpoint.manifest import Manifest
-from thrifty.checkpoint.sharded import merge_tensors, read_metadata_safely, split_tensors
+from thrifty.checkpointing.store.errors import CorruptCheckpointError, UnsafeCheckpointError
+from thrifty.checkpointing.store.manifest import Manifest
+from thrifty.checkpointing.store.sharded import merge_tensors, read_metadata_safely, split_tensors
 from thrifty.config import DistributedConfig, TrainConfig, flatten_keys
 from thrifty.data.sampling import EpochSampler
 from thrifty.errors import ConfigError

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import torch
 
-from thrifty.records.directory import read_metrics
+from thrifty.rundir.files import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"

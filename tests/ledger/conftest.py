@@ -19,7 +19,7 @@ from run_dir_helpers import job
 from test_guard_in_training import Linear, config, regression
 from thrifty import Trainer
 from thrifty.cli import main
-from thrifty.records.directory import read_metrics
+from thrifty.rundir.files import read_metrics
 
 PRICE = {"usd_per_gpu_hour": 3.0, "pricing": "spot", "on_demand_usd_per_gpu_hour": 9.0}
 

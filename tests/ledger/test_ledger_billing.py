@@ -11,7 +11,7 @@ import pytest
 
 from run_dir_helpers import job
 from thrifty.cli import main
-from thrifty.records.directory import read_metrics
+from thrifty.rundir.files import read_metrics
 
 USD_PER_GPU_HOUR = 3600.0  # a dollar a GPU-second: dollars read as seconds
 

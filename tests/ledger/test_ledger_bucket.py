@@ -17,7 +17,7 @@ from thrifty import Trainer
 from thrifty.cli import main
 from thrifty.ledger.book import read_ledger
 from thrifty.ledger.lifecycle import expires
-from thrifty.records.directory import read_metrics
+from thrifty.rundir.files import read_metrics
 
 pytest.importorskip("moto.server")
 pytest.importorskip("boto3")

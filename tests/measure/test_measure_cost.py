@@ -210,7 +210,7 @@ def test_the_steps_past_the_checkpoint_are_the_lost_work() -> None:
 
 
 def test_lost_work_adds_up_over_several_resumes_through_metrics_jsonl(tmp_path: Path) -> None:
-    from thrifty.records.directory import MetricsLog, read_metrics, truncate_metrics
+    from thrifty.rundir.files import MetricsLog, read_metrics, truncate_metrics
 
     path = tmp_path / "metrics.jsonl"
 
@@ -265,7 +265,7 @@ def test_a_run_killed_past_its_checkpoint_bills_the_redone_steps_after_resuming(
     import sys
     import time
 
-    from thrifty.records.directory import read_metrics
+    from thrifty.rundir.files import read_metrics
 
     job = tmp_path / "job.toml"
     job.write_text(

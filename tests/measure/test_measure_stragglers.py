@@ -20,7 +20,7 @@ from thrifty.measure.stragglers import (
     slowest,
 )
 from thrifty.measure.timing import CpuTimer
-from thrifty.records.directory import MetricsLog, read_metrics
+from thrifty.rundir.files import MetricsLog, read_metrics
 
 
 def intervals(

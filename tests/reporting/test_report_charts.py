@@ -16,9 +16,9 @@ from thrifty.reporting.charts import thin
 from thrifty.reporting.figures import comparison, headline, stragglers
 from thrifty.reporting.series import rank_charts, run_charts, system_figures
 from thrifty.reporting.tunes import trials_table, waterfall_bars
-from thrifty.tuning import session
-from thrifty.tuning.session import make_plan, run_tune
-from thrifty.tuning.trials import from_summary
+from thrifty.search.tune import session
+from thrifty.search.tune.session import make_plan, run_tune
+from thrifty.search.tune.trials import from_summary
 
 HALVES_AT = 11  # from this step on each step takes twice as long
 RESUMED_AT = 14

@@ -359,7 +359,7 @@ def test_the_report_reads_sweep_json_without_the_sweep_or_optuna(tmp_path):
     code = (
         "import sys; from thrifty.reporting import render_report; "
         f"render_report({str(out)!r}); "
-        "print(sorted(m for m in sys.modules if m.startswith(('thrifty.sweeps', 'optuna'))))"
+        "print(sorted(m for m in sys.modules if m.startswith(('thrifty.search.sweep', 'optuna'))))"
     )
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert found.stdout.strip() == "[]"
@@ -367,7 +367,7 @@ def test_the_report_reads_sweep_json_without_the_sweep_or_optuna(tmp_path):
 
 
 def test_a_sweep_run_again_goes_on_beside_the_report_thrifty_drew_of_it(tmp_path):
-    from thrifty.sweeps.plan import _check_out
+    from thrifty.search.sweep.plan import _check_out
 
     out = sweep_dir(tmp_path)
     page_of(out)

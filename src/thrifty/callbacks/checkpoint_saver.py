@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from thrifty.callbacks.base import Callback, StepEnd
 from thrifty.callbacks.guard import Guard
+from thrifty.checkpointing.saving.checkpointer import RunCheckpointer
 from thrifty.records.stop import StopReason
-from thrifty.run.checkpointer import RunCheckpointer
 
 
 class PreemptionNotice(Callback):

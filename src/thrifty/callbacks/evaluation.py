@@ -17,12 +17,12 @@ from thrifty.callbacks.base import Callback, StepEnd
 from thrifty.callbacks.events import Callbacks
 from thrifty.config import GuardConfig
 from thrifty.levers.early_stopping import EarlyStopping
+from thrifty.measure.forecast import cannot_reach
 from thrifty.measure.monitor import RunMonitor
 from thrifty.records.budget import Budget
 from thrifty.records.state import TrainState
 from thrifty.records.stop import StopReason
 from thrifty.records.stop_signals import StopSignals
-from thrifty.run.forecast import cannot_reach
 
 log = logging.getLogger("thrifty")
 

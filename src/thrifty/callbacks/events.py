@@ -2,7 +2,7 @@
 
 The integers the callbacks vote with are laid end to end, in the callbacks' order, on the
 step's one cross-rank sum; `step_end` hands each callback its own slice back. The Trainer's
-list is thrifty's own callbacks around the user's (`thrifty.trainer`): the preemption notice,
+list is thrifty's own callbacks around the user's (`thrifty.run.trainer`): the preemption notice,
 the budget, the evaluation and the checkpoint saver first, then the user's in the order
 given, then the guard, which records the step.
 """

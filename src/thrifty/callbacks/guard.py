@@ -17,13 +17,13 @@ from typing import Any
 import torch
 
 from thrifty.callbacks.base import Callback, StepEnd
+from thrifty.checkpointing.saving.checkpointer import RunCheckpointer
 from thrifty.config.guard import GuardConfig
+from thrifty.measure.guard import rewind_schedule, scale_learning_rate
 from thrifty.measure.monitor import RunMonitor
 from thrifty.records.budget import Budget
 from thrifty.records.state import TrainState
 from thrifty.records.stop import EARLY_STOPS, StopReason
-from thrifty.run.checkpointer import RunCheckpointer
-from thrifty.run.guard import rewind_schedule, scale_learning_rate
 from thrifty.strategies.process_group import Distributed
 
 log = logging.getLogger("thrifty")

@@ -1,7 +1,7 @@
 """A trial's reports to the search that started it (`thrifty tune`, `thrifty sweep`), as a
 callback: one protocol for every trial, served by `thrifty.callbacks.trial_pipe`.
 
-The trial's process (`thrifty.tune_trial`) gets its pipes on its command line: REPORTS, or
+The trial's process (`thrifty.trial`) gets its pipes on its command line: REPORTS, or
 REPORTS,ANSWERS (descriptor numbers). On REPORTS it writes JSON lines:
 
 - `{"ready": true}` once torch and the Trainer are imported (what a budget too small is spent
@@ -11,7 +11,7 @@ REPORTS,ANSWERS (descriptor numbers). On REPORTS it writes JSON lines:
   E the step the run's budget ends at, or null), only with ANSWERS: the trial then waits for
   one line back, "go", "prune" (the run stops as pruned) or "pause" (it saves a checkpoint and
   exits 75 as after a preemption, to be resumed once its Hyperband bracket has caught up:
-  `thrifty.sweeps.hyperband`).
+  `thrifty.search.sweep.hyperband`).
 
 Progress never blocks the run: a line that finds the pipe full is dropped (the search reads it
 often). A search that is gone (its end of a pipe closed) means "go": the trial is tethered to
@@ -56,7 +56,7 @@ class TrialReport(Callback):
         if not 1 <= len(fds) <= 2 or min(fds) < 0:
             raise ThriftyError(
                 f"the trial's pipes are {word!r}: give REPORTS or REPORTS,ANSWERS, the "
-                "descriptor numbers the search passed (python -m thrifty.tune_trial 5,6 train ...)"
+                "descriptor numbers the search passed (python -m thrifty.trial 5,6 train ...)"
             )
         return cls(fds[0], fds[1] if len(fds) == 2 else None)
 

@@ -34,12 +34,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_profile(args: argparse.Namespace) -> int:
     import logging
 
+    from thrifty.checkpointing.saving.rng import seed_everything
     from thrifty.config import load_config, parse_set_args
     from thrifty.demo import DEMO_CONFIG
     from thrifty.errors import ThriftyError
     from thrifty.reporting.end_of_run import print_diagnosis
-    from thrifty.run.rng import seed_everything
-    from thrifty.task import build_task
+    from thrifty.run.task import build_task
 
     if args.steps < 1:
         raise ThriftyError(

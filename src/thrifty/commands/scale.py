@@ -220,7 +220,7 @@ def run_scale(
     """The handler. `runner` and `bus_meter` replace the child runs and the bandwidth
     measurement (tests)."""
     from thrifty.console import to_json
-    from thrifty.records.directory import write_json
+    from thrifty.rundir.files import write_json
 
     plan = make_plan(args)
     _prepare_out(plan, args.overwrite)

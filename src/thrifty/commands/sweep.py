@@ -84,9 +84,9 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     from thrifty.errors import ThriftyError
 
     try:
-        from thrifty.sweeps.plan import SweepOptions, make_sweep
-        from thrifty.sweeps.report import print_table
-        from thrifty.sweeps.runner import SweepStopped, run_sweep
+        from thrifty.search.sweep.plan import SweepOptions, make_sweep
+        from thrifty.search.sweep.report import print_table
+        from thrifty.search.sweep.runner import SweepStopped, run_sweep
     except ImportError as exc:
         if "optuna" not in str(exc):
             raise

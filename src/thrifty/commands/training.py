@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from thrifty.callbacks import Callback
     from thrifty.records.stop_signals import StopSignals
-    from thrifty.trainer import Trainer
+    from thrifty.run.trainer import Trainer
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_config_options(train)
     _common(train)
     # `callbacks`: what the command line's caller hands the Trainer (a trial's report to its
-    # search, `thrifty.tune_trial`); none from a terminal.
+    # search, `thrifty.trial`); none from a terminal.
     train.set_defaults(handler=run_train, callbacks=())
 
 
@@ -144,8 +144,8 @@ def _refuse_a_run_dir_in_use(config: Any) -> None:
     """A run directory another live job holds: said at once, before torch's compiler, the
     model and the data are loaded (and ranks started), not once training opens it. Rank 0
     asks: the others of its job would find rank 0 itself holding it."""
-    from thrifty.run.lock import RunLock
-    from thrifty.run.opening import run_dir_of
+    from thrifty.checkpointing.saving.opening import run_dir_of
+    from thrifty.rundir.lock import RunLock
     from thrifty.strategies.process_group import env_rank
 
     if env_rank() == 0:
@@ -176,12 +176,12 @@ def _train(config: Any, stops: StopSignals, callbacks: Sequence[Callback] = ()) 
     import logging
     import sys
 
+    from thrifty.checkpointing.saving.rng import seed_everything
     from thrifty.records.stop_signals import EXIT_PREEMPTED
     from thrifty.redact import install_log_redaction
     from thrifty.reporting.end_of_run import show_result
-    from thrifty.run.rng import seed_everything
+    from thrifty.run.task import build_task
     from thrifty.strategies.process_group import env_rank
-    from thrifty.task import build_task
 
     # Only rank 0 speaks; the other ranks log errors alone, naming themselves. Other
     # libraries' information (botocore's "Found credentials in environment variables") is

@@ -73,9 +73,9 @@ def run_tune_command(args: argparse.Namespace) -> int:
     from thrifty.config import parse_set_args
     from thrifty.console import call_with_options, say, to_json
     from thrifty.errors import ThriftyError
-    from thrifty.tuning.report import print_report, result_dict
-    from thrifty.tuning.session import make_plan, read_given, run_tune
-    from thrifty.tuning.stopping import TuneStopped
+    from thrifty.search.tune.report import print_report, result_dict
+    from thrifty.search.tune.session import make_plan, read_given, run_tune
+    from thrifty.search.tune.stopping import TuneStopped
 
     given = read_given(args.config, parse_set_args(args.overrides))
     plan = call_with_options(make_plan, args, given, args.config)

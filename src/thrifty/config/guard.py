@@ -1,4 +1,4 @@
-"""`[guard]`: when a run has diverged, spiked or cannot reach its target (thrifty.run.guard
+"""`[guard]`: when a run has diverged, spiked or cannot reach its target (thrifty.measure.guard
 acts on it)."""
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ class RunConfig:
     log_every: int = 10  # steps between metric flushes (one host sync each)
     progress: Literal["auto", "on", "off"] = "auto"
     # On a resume, apply changes to the optimization (learning rate, schedule, optimizer, seed,
-    # precision, batch, task) instead of refusing them; see thrifty.run.config_changes.
+    # precision, batch, task) instead of refusing them; see thrifty.rundir.config_changes.
     allow_config_change: bool = False
 
     def __post_init__(self) -> None:

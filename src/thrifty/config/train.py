@@ -170,7 +170,7 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
 # TOML files and overrides
 
 
-# config.toml's array of tables recording what changed on each resume (thrifty.run.config_changes);
+# config.toml's array of tables recording what changed on each resume (thrifty.rundir.config_changes);
 # load_config skips it, so a run's config.toml starts that run again as it is now.
 
 

@@ -165,7 +165,7 @@ class TrainBatches:
                 world=world,
                 build=build,
             )
-        n = len(cast(Sized, data))  # map-style: checked by thrifty.inputs.check_dataset
+        n = len(cast(Sized, data))  # map-style: checked by thrifty.run.inputs.check_dataset
         epochs = EpochSampler(n, shuffle=d.shuffle, seed=seed, rank=rank, world_size=world)
         loader = build_loader(
             data, epochs, settings, self.collate_fn, seed=seed, stop_signals=signals

@@ -53,7 +53,7 @@ def count_params(config: TrainConfig) -> int:
     """Parameters of the task's model, built on the meta device (allocates nothing)."""
     import torch
 
-    from thrifty.task import call_factory, import_object
+    from thrifty.run.task import call_factory, import_object
 
     if config.task.model is None:
         raise ConfigError("task.model is not set")

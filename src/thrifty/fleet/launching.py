@@ -99,7 +99,7 @@ def build_job(request: LaunchRequest, config: TrainConfig, cwd: Path) -> FleetJo
 
 def sweep_job(request: LaunchRequest, config: TrainConfig, cwd: Path) -> SweepJob | None:
     """`--sweep SPACE.toml`: one sweep worker per node (None without it). With --bucket each
-    trial checkpoints to a folder of its own there (`thrifty.sweeps.trial`); more than one
+    trial checkpoints to a folder of its own there (`thrifty.search.sweep.trial`); more than one
     node needs --storage, the study they share."""
     given = request.sweep
     if given is None:

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from thrifty.checkpoint.storage import fsync_file
+from thrifty.checkpointing.store.storage import fsync_file
 
 log = logging.getLogger("thrifty")
 

@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from thrifty.checkpointing.saving.preemption import PreemptionWatcher
+from thrifty.checkpointing.saving.saves import SaveInterval
 from thrifty.config import TrainConfig, dump_toml, read_config_file
 from thrifty.errors import ConfigError
 from thrifty.integrations.manifest import manifest_of, publish
@@ -49,13 +51,11 @@ from thrifty.integrations.record import (
     step_breakdown,
 )
 from thrifty.measure.cost import CostMeter
-from thrifty.records.directory import read_metrics, write_json
+from thrifty.measure.forecast import cannot_reach
 from thrifty.records.stop_signals import EXIT_PREEMPTED
 from thrifty.redact import redact_value
-from thrifty.run.forecast import cannot_reach
-from thrifty.run.lock import RunLock
-from thrifty.run.preemption import PreemptionWatcher
-from thrifty.run.saves import SaveInterval
+from thrifty.rundir.files import read_metrics, write_json
+from thrifty.rundir.lock import RunLock
 
 log = logging.getLogger("thrifty")
 

@@ -27,11 +27,11 @@ from typing import Any
 from thrifty.errors import ThriftyError
 from thrifty.ledger.figures import WHAT, damaged, fits, shown
 from thrifty.ledger.files import NotAFile, check_regular, read_text, regular
-from thrifty.records.directory import read_metrics
 from thrifty.records.stop import StopReason
 from thrifty.redact import redact_text
+from thrifty.rundir.files import read_metrics
 
-LOCK_NAME = ".thrifty.lock"  # thrifty.run.holder.LOCK_FILE: held with flock while a run trains
+LOCK_NAME = ".thrifty.lock"  # thrifty.rundir.holder.LOCK_FILE: held with flock while a run trains
 # Tables that say what a run trains (not where it writes or how long): its "config" group.
 _WHAT_IT_TRAINS = ("task", "optimizer", "schedule", "batch", "precision", "model")
 # The files of a run the ledger opens or looks at: each must be a regular file (or absent).

@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from thrifty.checkpoint.errors import CheckpointError
+from thrifty.checkpointing.store.errors import CheckpointError
 from thrifty.config.checks import is_number
 from thrifty.errors import ThriftyError
 from thrifty.ledger.attempt import Attempt, Price
@@ -25,7 +25,7 @@ from thrifty.ledger.jobs import Job, Part, join
 from thrifty.ledger.locations import Location, find_locations, read_location
 from thrifty.plan.catalog import Catalog, StoragePrice, load_catalog
 
-# The settings a tune chooses (thrifty.tuning.space): a run whose config has the winner's
+# The settings a tune chooses (thrifty.search.tune.space): a run whose config has the winner's
 # values for each, and the same task, ran what the tune measured.
 LEVER_KEYS = (
     ("precision", "mode"),

@@ -27,7 +27,7 @@ from thrifty.ledger.jobs import Job
 from thrifty.plan.levers import LeverInputs, LeverPlan, LeverStep, apply_levers
 
 DAYS_A_MONTH = 365.25 / 12
-# The tune's lever names (thrifty.tuning.waterfall) the planner has its own inputs for.
+# The tune's lever names (thrifty.search.tune.waterfall) the planner has its own inputs for.
 _PLANNER_LEVERS = {
     "precision": "precision_speedup",
     "larger micro-batch": "microbatch_speedup",

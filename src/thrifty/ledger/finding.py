@@ -19,7 +19,7 @@ from typing import Any
 
 from thrifty.errors import ThriftyError
 from thrifty.ledger.attempt import Attempt, Skipped, read_attempt
-from thrifty.records.directory import RUN_FILES
+from thrifty.rundir.files import RUN_FILES
 
 WHAT_TO_GIVE = (
     "give folders that hold thrifty runs (default runs/), or a bucket prefix s3://BUCKET/PREFIX"

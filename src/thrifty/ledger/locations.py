@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from thrifty.checkpoint.errors import CheckpointError
-from thrifty.checkpoint.manifest import MANIFEST
-from thrifty.checkpoint.storage import is_remote, redact, storage_error
+from thrifty.checkpointing.store.errors import CheckpointError
+from thrifty.checkpointing.store.manifest import MANIFEST
+from thrifty.checkpointing.store.storage import is_remote, redact, storage_error
 from thrifty.ledger.figures import damaged
 from thrifty.ledger.files import NotAFile, read_bytes
 from thrifty.redact import url_secrets
 
-LEASE = ".thrifty-lease.json"  # thrifty.run.holder.LEASE_FILE
+LEASE = ".thrifty-lease.json"  # thrifty.rundir.holder.LEASE_FILE
 _STEP = re.compile(r"^step-(\d{8,})$")
 _SMALL = 1 << 20  # bytes: a manifest or a lease is a few kB; more is not one thrifty wrote
 # What each figure of a manifest's cost record must be (thrifty.ledger.figures.fits).
@@ -130,7 +130,7 @@ def _open(where: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, s
             os.path.abspath(where[len("file://") :]).rstrip("/"),
             where.rstrip("/"),
         )
-    from thrifty.checkpoint.storage import FsspecStorage
+    from thrifty.checkpointing.store.storage import FsspecStorage
 
     storage = FsspecStorage(where, storage_options)
     return storage.fs, storage.root.rstrip("/"), storage.display

@@ -422,7 +422,7 @@ def _check_scheduler(scheduler: LRScheduler, label: str) -> None:
             "per optimizer step, with none: use a scheduler of steps (StepLR, LambdaLR, "
             "OneCycleLR, SequentialLR, ...), or early_stopping.patience to stop on a plateau"
         )
-    from thrifty.checkpoint.snapshot import copy_to_host
+    from thrifty.checkpointing.store.snapshot import copy_to_host
 
     try:
         copy_to_host(scheduler.state_dict())

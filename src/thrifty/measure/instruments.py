@@ -30,8 +30,8 @@ from thrifty.measure.progress import ProgressBar
 from thrifty.measure.stragglers import gather_ranks
 from thrifty.measure.timing import make_timer, measure_flops
 from thrifty.records.budget import Budget
-from thrifty.records.directory import MetricsLog
 from thrifty.records.state import TrainState
+from thrifty.rundir.files import MetricsLog
 from thrifty.strategies.device import available_cpus
 from thrifty.strategies.process_group import Distributed
 

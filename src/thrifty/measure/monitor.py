@@ -25,7 +25,7 @@ from thrifty.measure.progress import ProgressBar
 from thrifty.measure.spread import WindowSpread
 from thrifty.measure.stragglers import RankSeconds, find_straggler, interval_record
 from thrifty.measure.timing import NullTimer
-from thrifty.records.directory import MetricsLog
+from thrifty.rundir.files import MetricsLog
 
 log = logging.getLogger("thrifty")
 

@@ -23,7 +23,7 @@ from thrifty.plan.chinchilla import LossFit
 from thrifty.plan.lawfit import Ranges, ScalingFit, fit_as_dict
 from thrifty.plan.lawgroups import IsoFlop, IsoFlopGroup
 from thrifty.plan.lawpoints import CONSTANTS, MAX_POINTS, read_json, shown
-from thrifty.records.directory import write_json
+from thrifty.rundir.files import write_json
 
 FORMAT = "thrifty scaling-law fit"
 VERSION = 1

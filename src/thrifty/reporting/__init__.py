@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from thrifty.errors import ThriftyError
-from thrifty.own_files import is_own_report
 from thrifty.reporting.runs import Run, Sweep, Tune, load
+from thrifty.rundir.own_files import is_own_report
 
 __all__ = [
     "REPORT_NAME",

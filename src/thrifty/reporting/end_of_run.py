@@ -170,7 +170,7 @@ def show_result(result: Any, diagnosis: Any, *, from_script: bool = False) -> No
     """What a person sees when a run ends: the summary, the diagnosis, and how to resume.
     `from_script`: the run was trained from Python, so the stop line tells the script to end
     with the exit code (`thrifty train` exits with it itself)."""
-    from thrifty.run.saves import local_only_message
+    from thrifty.checkpointing.saving.saves import local_only_message
 
     print_summary(result)
     if diagnosis is not None:

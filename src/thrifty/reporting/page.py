@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 from html import escape
 from typing import Any
 
-from thrifty.own_files import REPORT_MARK
 from thrifty.reporting import figures as fig
 from thrifty.reporting import series as ser
 from thrifty.reporting import sweeps, tunes
 from thrifty.reporting.charts import MARK_NAMES, Chart
 from thrifty.reporting.runs import Run, Sweep, Tune
+from thrifty.rundir.own_files import REPORT_MARK
 
 log = logging.getLogger("thrifty")
 

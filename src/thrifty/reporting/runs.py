@@ -71,7 +71,7 @@ class Tune:
 
 @dataclass(frozen=True, slots=True)
 class Sweep:
-    """A `thrifty sweep` --out: `data` is its sweep.json (thrifty.sweeps.results.sweep_record)
+    """A `thrifty sweep` --out: `data` is its sweep.json (thrifty.search.sweep.results.sweep_record)
     with what the report cannot read left out; `notes` says what, one line each."""
 
     path: Path

@@ -19,9 +19,9 @@ from thrifty.levers.activation_checkpointing import micro_that_fits
 from thrifty.levers.precision import Precision
 from thrifty.measure import instruments
 from thrifty.measure.monitor import RunMonitor
-from thrifty.records.directory import MetricsLog, write_json
 from thrifty.records.state import FitResult, TrainState
 from thrifty.records.stop import StopReason
+from thrifty.rundir.files import MetricsLog, write_json
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,4 +1,4 @@
-"""A sweep's sweep.json (written by `thrifty sweep`, thrifty.sweeps.results.sweep_record)
+"""A sweep's sweep.json (written by `thrifty sweep`, thrifty.search.sweep.results.sweep_record)
 checked field by field before the report reads it.
 
 Read as plain JSON: the report sits below the sweep and never imports it, so a sweep can be

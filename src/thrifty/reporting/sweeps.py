@@ -3,7 +3,7 @@ pruned trial's ending where it stopped, marked, and the best trial's drawn bold)
 table, the best trial and the command that runs it, Optuna's parameter importances, and what
 each trial cost with what pruning saved.
 
-Reads sweep.json as `runs.load_sweep` checked it (thrifty.sweeps.results.sweep_record), never
+Reads sweep.json as `runs.load_sweep` checked it (thrifty.search.sweep.results.sweep_record), never
 the sweep itself: a sweep can be reported without Optuna, long after it ran.
 """
 

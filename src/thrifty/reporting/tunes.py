@@ -2,7 +2,7 @@
 as given to the winner (drawn as bars, each lever with its paired speed-up and interval), the
 paired comparisons, what was pruned or not reached, and the notes.
 
-Reads tune.json (thrifty.tuning.report.result_dict), so a tune can be reported long after it
+Reads tune.json (thrifty.search.tune.report.result_dict), so a tune can be reported long after it
 ran, without its config or its task importable.
 """
 

@@ -1,2 +1,2 @@
-"""One run's life: its directory and lock, when and what to save, resume, preemption,
-the guard against divergence and the forecast."""
+"""The loop: the Trainer (`trainer.py`) and its set-up (`setup.py`), one optimizer step
+(`step.py`), evaluation, the checks of its inputs, and the task a config's `[task]` names."""

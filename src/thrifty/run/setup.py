@@ -2,7 +2,7 @@
 geometry (the micro-batch measured with batch.micro = "auto"), activation checkpointing, the
 wrapped model and its optimizer; each lever applied once, in the order they depend on one
 another (`set_up_levers`); then the data, the schedule, the checkpointer and the train step
-built on them (`assemble_run`). The Trainer (`thrifty.trainer`) keeps what both return."""
+built on them (`assemble_run`). The Trainer (`thrifty.run.trainer`) keeps what both return."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.utils.data import default_collate
 
+from thrifty.checkpointing.saving.checkpointer import Layout, RunCheckpointer, RunParts
+from thrifty.checkpointing.saving.rng import seed_everything
 from thrifty.config import TrainConfig
 from thrifty.data.batching import TrainBatches
 from thrifty.data.geometry import BatchGeometry
@@ -29,12 +31,10 @@ from thrifty.levers.optimizer import OptimizerArg, make_optimizer
 from thrifty.levers.precision import Precision, resolve_precision
 from thrifty.levers.user_scheduler import SchedulerArg, run_scheduler
 from thrifty.measure import instruments
+from thrifty.measure.guard import RunGuard
 from thrifty.records.budget import Budget
 from thrifty.records.state import TrainState
 from thrifty.records.stop_signals import parse_signals
-from thrifty.run.checkpointer import Layout, RunCheckpointer, RunParts
-from thrifty.run.guard import RunGuard
-from thrifty.run.rng import seed_everything
 from thrifty.run.step import TrainStep
 from thrifty.strategies.base import Strategy
 from thrifty.strategies.choice import make_strategy

@@ -1,7 +1,7 @@
 """One optimizer step over an accumulation window: forward and backward over its micro-batches,
 each weighted by its share, then unscale, clip, the guarded optimizer step and the schedule.
 
-The Trainer's loop (`thrifty.trainer`) hands each window here and keeps the boundary (budget,
+The Trainer's loop (`thrifty.run.trainer`) hands each window here and keeps the boundary (budget,
 evaluation, preemption, saves); this is the hot path, read top to bottom in `TrainStep.run`.
 An out-of-memory error halves the micro-batch and replays the window, on every rank together.
 """
@@ -16,12 +16,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from thrifty.checkpointing.saving.checkpointer import RunParts
 from thrifty.levers.accumulation import LossFn, Weighting, call_model, to_device
 from thrifty.levers.micro_batch import Halving, first_sample, is_out_of_memory
 from thrifty.levers.precision import Precision
+from thrifty.measure.guard import guarded_step
 from thrifty.measure.timing import NullTimer
-from thrifty.run.checkpointer import RunParts
-from thrifty.run.guard import guarded_step
 from thrifty.strategies.base import Strategy
 from thrifty.strategies.process_group import Distributed
 

@@ -95,7 +95,7 @@ class FSDP(Strategy):
     def write_shards(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, begin: Any
     ) -> tuple[tuple[str, ...], Any]:
-        from thrifty.checkpoint.sharded import split_tensors, write_shards
+        from thrifty.checkpointing.store.sharded import split_tensors, write_shards
 
         folder = self.dist.on_main(begin)
         tensors, plain = split_tensors(_sharded_state(model, optimizer))
@@ -112,7 +112,7 @@ class FSDP(Strategy):
     ) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
-        from thrifty.checkpoint.sharded import merge_tensors, read_shards, split_tensors
+        from thrifty.checkpointing.store.sharded import merge_tensors, read_shards, split_tensors
 
         if folder is None:
             raise ConfigError("an FSDP state needs its checkpoint folder to read shards from")
@@ -136,7 +136,7 @@ class FSDP(Strategy):
         )
 
     def saved_shapes(self, state: dict[str, Any], folder: str | None) -> dict[str, tuple[int, ...]]:
-        from thrifty.checkpoint.sharded import shard_shapes
+        from thrifty.checkpointing.store.sharded import shard_shapes
 
         if folder is None:
             raise ConfigError("an FSDP state needs its checkpoint folder to read shards from")

@@ -99,7 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_chaos(args: argparse.Namespace) -> int:
     """The handler: exit 0 when the killed run ends with the reference's bits, else 1."""
     from thrifty.config import dump_toml
-    from thrifty.records.directory import write_json
+    from thrifty.rundir.files import write_json
 
     _check_args(args)
     out = Path(args.out) if args.out else None

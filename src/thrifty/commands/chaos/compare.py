@@ -41,7 +41,7 @@ def compare_runs(
 
 
 def _final_state(run_dir: Path) -> tuple[int, dict[str, Any]]:
-    from thrifty.checkpoint import CheckpointManager
+    from thrifty.checkpointing.store import CheckpointManager
 
     manager = CheckpointManager(str(run_dir / "checkpoints"))
     info = manager.latest()

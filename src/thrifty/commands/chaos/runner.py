@@ -21,12 +21,14 @@ from thrifty.commands.chaos.kills import Kill, plan_kills
 from thrifty.commands.chaos.timing import effective_time
 from thrifty.console import say
 from thrifty.errors import ThriftyError
-from thrifty.records.directory import step_records
+from thrifty.rundir.files import step_records
 
 REFERENCE_TIMEOUT = 3600.0
 POLL_SECONDS = 0.005  # metrics and checkpoint folders, while waiting for a kill's step
 FAST_POLL_SECONDS = 0.0005  # a checkpoint folder, while waiting for its save to start
-MANIFEST = "manifest.json"  # thrifty.checkpoint.manifest.MANIFEST (not imported: it loads torch)
+MANIFEST = (
+    "manifest.json"  # thrifty.checkpointing.store.manifest.MANIFEST (not imported: it loads torch)
+)
 STEP_PREFIX = "step-"
 
 
@@ -235,7 +237,7 @@ def _failed(job: Child, code: int) -> str:
 
 
 def _reference(args: argparse.Namespace, out: Path, config: Path, children: Children) -> Reference:
-    from thrifty.records.directory import read_metrics
+    from thrifty.rundir.files import read_metrics
 
     ref_dir = out / "reference"
     say("chaos", f"reference run -> {ref_dir}")
@@ -373,7 +375,7 @@ def _report(
 ) -> dict[str, Any]:
     """What chaos.json holds and `--json` prints; `attempt_seconds` are the killed run's
     attempts' wall times."""
-    from thrifty.records.directory import read_metrics
+    from thrifty.rundir.files import read_metrics
 
     done = [k for k in kills if k.moment is not None]
     report: dict[str, Any] = {

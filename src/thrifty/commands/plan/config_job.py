@@ -103,7 +103,7 @@ def _build(config: TrainConfig, notes: list[str]) -> tuple[Any, Any, float | Non
     they could not be counted: the note says why)."""
     import torch
 
-    from thrifty.task import call_factory, import_object
+    from thrifty.run.task import call_factory, import_object
 
     t = config.task
     if t.model is None or t.train_data is None:
@@ -135,7 +135,7 @@ def _count(model: Any, data: Any, config: TrainConfig) -> float:
     from thrifty.data.sources import first_samples
     from thrifty.levers.accumulation import call_model, to_device
     from thrifty.measure.flops import count_flops
-    from thrifty.task import import_object
+    from thrifty.run.task import import_object
 
     t = config.task
     collate = import_object(t.collate_fn, "task.collate_fn") if t.collate_fn else None

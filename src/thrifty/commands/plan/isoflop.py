@@ -5,7 +5,7 @@
 
 For each size of the knob and each FLOP budget, one run of D = C / (6N) tokens (N counted by
 building the model on the meta device, without allocating its weights); the runs are the
-trials of a sweep in --out (thrifty.sweeps.isoflop), so a preempted run resumes and the same
+trials of a sweep in --out (thrifty.search.sweep.isoflop), so a preempted run resumes and the same
 command continues the grid. Then `thrifty plan fit DIR` fits the law on them. Registering imports neither torch nor Optuna.
 """
 
@@ -62,7 +62,7 @@ def run_isoflop_command(args: argparse.Namespace) -> int:
     from thrifty.commands.plan.options import count
     from thrifty.console import Table, call_with_options, console, say, to_json
     from thrifty.errors import ConfigError, ThriftyError
-    from thrifty.sweeps.isoflop import layout, parse_sizes, run_grid
+    from thrifty.search.sweep.isoflop import layout, parse_sizes, run_grid
 
     key, sizes = parse_sizes(args.size)
     try:
@@ -94,8 +94,8 @@ def run_isoflop_command(args: argparse.Namespace) -> int:
             print(to_json({"size": key, "runs": grid}))
         return 0
     try:
-        from thrifty.sweeps.report import print_table
-        from thrifty.sweeps.runner import SweepStopped
+        from thrifty.search.sweep.report import print_table
+        from thrifty.search.sweep.runner import SweepStopped
     except ImportError as exc:
         if "optuna" not in str(exc):
             raise

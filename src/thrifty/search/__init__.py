@@ -1,0 +1,3 @@
+"""The search: `tune/` chooses the cheapest way to train a job (`thrifty tune`), `sweep/` the
+fewest runs to find good hyperparameters (`thrifty sweep`, on Optuna). Their trials run as
+`python -m thrifty.trial` and report through `thrifty.callbacks.trial_report`."""
