@@ -253,3 +253,17 @@ def test_thrifty_own_behaviours_are_the_runs_callbacks_around_the_users(tmp_path
         "Guard",
     ]
     assert trainer.events.items[4] is first and trainer.events.items[5] is second
+
+
+def test_a_stop_reason_with_a_newline_and_a_secret_is_one_line_without_the_secret(tmp_path):
+    class Leaky(Callback):
+        def on_step_end(self, step_info: StepEnd) -> None:
+            if step_info.step == 2:
+                step_info.stop("bucket s3://key:hunter2@bucket gone\nretry later")
+
+    result = Trainer(Regression(), data(), cfg(tmp_path), callbacks=[Leaky()]).fit()
+    assert result.stop_reason == "callback" and result.steps == 2
+    summary = (tmp_path / "run" / "summary.json").read_text()
+    detail = json.loads(summary)["stop_detail"]
+    assert "hunter2" not in summary and "\n" not in detail
+    assert detail.endswith("gone\\nretry later")

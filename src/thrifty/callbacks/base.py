@@ -59,7 +59,8 @@ class StepEnd:
     def end(self, reason: StopReason | None) -> None:
         """thrifty's own callbacks: `reason` joins the step's stop reason (the precedence of
         `StopReason.decide` picks the winner); None changes nothing."""
-        self.reason = StopReason.decide(self.reason, reason)
+        if reason is not None:
+            self.reason = StopReason.decide(self.reason, reason)
 
 
 class Callback:

@@ -9,6 +9,7 @@ given, then the guard, which records the step.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from thrifty.callbacks.base import Callback, StepEnd
 from thrifty.errors import ThriftyError
 from thrifty.records.stop import StopReason
+from thrifty.redact import printed
 
 log = logging.getLogger("thrifty")
 
@@ -38,6 +40,14 @@ class Callbacks:
                     "integers its vote(step) returns (0 or more)"
                 )
         self.voters = [c for c in self.items if c.votes]
+        # thrifty's own callbacks vote as declared: only a user's votes are checked each step.
+        self._checked = {id(c) for c in self.voters if not _own(c)}
+        # Each callback's slice of the step's votes, laid end to end in the callbacks' order.
+        ends = list(itertools.accumulate(c.votes for c in self.items))
+        self._slices = [
+            (c, slice(end - c.votes, end) if c.votes else None)
+            for c, end in zip(self.items, ends, strict=True)
+        ]
         self.stop_detail: str | None = None  # a callback's words for its stop
         # Waiting for the write is done only where a callback listens for saves.
         self.hears_saves = any(type(c).on_save is not Callback.on_save for c in self.items)
@@ -46,7 +56,11 @@ class Callbacks:
         """This rank's integers for step `step`: each voter's `vote(step)`, end to end."""
         values: list[int] = []
         for callback in self.voters:
-            mine = list(callback.vote(step))
+            mine = callback.vote(step)
+            if id(callback) not in self._checked:
+                values.extend(mine)
+                continue
+            mine = list(mine)
             if len(mine) != callback.votes or not all(
                 isinstance(v, int) and not isinstance(v, bool) for v in mine
             ):
@@ -60,10 +74,8 @@ class Callbacks:
     def step_end(self, info: StepEnd, votes: list[int]) -> None:
         """Call every callback's `on_step_end` with `info`, each with its slice of `votes`; a
         stop asked in a callback's words ends the run as CALLBACK (the first words kept)."""
-        start = 0
-        for callback in self.items:
-            info.votes = votes[start : start + callback.votes]
-            start += callback.votes
+        for callback, mine in self._slices:
+            info.votes = votes[mine] if mine is not None else []
             callback.on_step_end(info)
             if info.stop_reason is not None:
                 info.end(self.asked(info.stop_reason, info.step))
@@ -74,9 +86,10 @@ class Callbacks:
         other words end the run as CALLBACK, the first words kept as `stop_detail`."""
         if reason is None or isinstance(reason, StopReason):
             return reason
-        log.warning("a callback stops the run at step %d: %s", step, reason)
+        words = printed(str(reason))  # one line, no secret: it goes into summary.json
+        log.warning("a callback stops the run at step %d: %s", step, words)
         if self.stop_detail is None:
-            self.stop_detail = str(reason)
+            self.stop_detail = words
         return StopReason.CALLBACK
 
     def fit_start(self, run: Any) -> None:
@@ -103,3 +116,8 @@ class Callbacks:
     def fit_end(self, result: Any) -> None:
         for callback in self.items:
             callback.on_fit_end(result)
+
+
+def _own(callback: Callback) -> bool:
+    """One of thrifty's own callbacks (`thrifty.callbacks.*`), not a user's subclass of one."""
+    return type(callback).__module__.startswith("thrifty.callbacks.")
