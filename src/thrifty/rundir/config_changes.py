@@ -58,7 +58,7 @@ KINDS: dict[str, Kind] = {
     "checkpoint": SAFE,
     "spot": SAFE,
     # A strategy or world size a checkpoint cannot continue with is refused by the layout
-    # checks (thrifty.parallel.check_resumable); backend and timeout change no numbers.
+    # checks (`Strategy.check_resumable`); backend and timeout change no numbers.
     "distributed": SAFE,
     "measure": SAFE,
     "cost": SAFE,
