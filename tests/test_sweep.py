@@ -425,6 +425,14 @@ def test_hyperband_pauses_the_early_arrivals_and_stops_as_many_as_its_bracket_pr
     if survivor["number"] != 2:
         log = (out / "trials" / f"{survivor['number']:04d}" / "train.log").read_text()
         assert "resumed from step 10" in log
+    # Each session was measured, and the resumed survivor paid two start-ups; what the sweep
+    # is compared with pays one a trial.
+    resumed = survivor["number"] != 2
+    assert survivor["sessions"] == 1 + resumed
+    assert all(t["unpruned_from"] == "sessions" and t["startup_seconds"] > 0 for t in trials)
+    compute = record(out)["compute"]
+    assert compute["sessions"] == 3 + resumed
+    assert compute["startup_seconds"] == pytest.approx(sum(t["startup_seconds"] for t in trials))
 
 
 def test_the_python_api_takes_dicts_and_a_budget_stops_starting_trials_it_cannot_pay_for(

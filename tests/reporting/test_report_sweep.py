@@ -236,6 +236,28 @@ def test_dollars_and_the_saving_with_a_price(tmp_path):
     assert fmt_usd(c["cost"]) in headline and f"{fmt_usd(c['saved_cost'])} saved" in headline
 
 
+def test_pruning_that_cost_more_than_it_saved_says_so_never_saved(tmp_path):
+    # The sessions paid 40 s of start-ups; every trial once to its end would have paid less.
+    data = priced()
+    c = data["compute"]
+    unpruned = c["seconds"] - 10.0
+    c.update(unpruned_seconds=unpruned, saved_seconds=-10.0, sessions=11, startup_seconds=40.0)
+    c.update(unpruned_cost=unpruned * USD_PER_SECOND, saved_cost=-10.0 * USD_PER_SECOND)
+    page = page_of(sweep_dir(tmp_path, data))
+    compute = section_of(page, "compute")
+    assert (
+        f"would have used {fmt_seconds(unpruned)}: pruning cost {fmt_seconds(10.0)} more "
+        f"({10.0 / unpruned:.1%})."
+    ) in compute
+    assert f"pruning cost {fmt_usd(10.0 * USD_PER_SECOND)} more" in compute
+    assert f"the trials&#x27; 11 sessions paid {fmt_seconds(40.0)} of start-ups" in compute
+    headline = section_of(page, "headline")
+    assert "pruning cost more" in headline and f"{10.0 / unpruned:.1%} more" in headline
+    assert f"{fmt_usd(10.0 * USD_PER_SECOND)} more for pruning" in headline
+    said = compute[compute.index("<ul") :]  # the lines under the bars
+    assert "pruning saved" not in said + headline and "saved by pruning" not in headline
+
+
 def test_failed_running_and_waiting_trials(tmp_path):
     data = copy.deepcopy(SAMPLE)
     failed, running, waiting = data["trials"][1], data["trials"][2], data["trials"][3]

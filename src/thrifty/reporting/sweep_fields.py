@@ -34,7 +34,10 @@ TRIAL_FIELDS = {
     "steps": COUNT,
     "end_step": COUNT,
     "seconds": NUMBER,
+    "sessions": COUNT,
+    "startup_seconds": NUMBER,
     "unpruned_seconds": NUMBER,
+    "unpruned_from": TEXT,
     "cost": NUMBER,
     "unpruned_cost": NUMBER,
     "run_dir": TEXT,
@@ -51,10 +54,14 @@ PRUNED_FIELDS = {
     "forecast": TABLE,
 }
 BEST_FIELDS = {"number": COUNT, "value": NUMBER, "params": TABLE}
-COMPUTE_FIELDS = dict.fromkeys(
-    ("seconds", "unpruned_seconds", "saved_seconds", "cost", "unpruned_cost", "saved_cost"),
-    NUMBER,
-)
+COMPUTE_FIELDS = {
+    **dict.fromkeys(
+        ("seconds", "unpruned_seconds", "saved_seconds", "cost", "unpruned_cost", "saved_cost"),
+        NUMBER,
+    ),
+    **dict.fromkeys(("startup_seconds", "saved_share"), NUMBER),
+    **dict.fromkeys(("sessions", "estimated_trials"), COUNT),
+}
 
 
 def checked(

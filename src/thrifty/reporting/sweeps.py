@@ -110,14 +110,25 @@ def headline(sweep: Sweep) -> list[Figure]:
             "no trial finished yet" if top is None else f"trial {top['number']}",
         ),
         Figure("compute", fmt_seconds(seconds), f"of {fmt_seconds(unpruned)} unpruned"),
-        Figure("pruning saved", fmt_seconds(saved), _share(saved, unpruned, "of the compute")),
-        Figure(
-            "dollars",
-            fmt_usd(usd),
-            "no price: set [cost]" if usd is None else f"{fmt_usd(saved_usd)} saved by pruning",
-        ),
+        _saving_figure(saved, unpruned),
+        Figure("dollars", fmt_usd(usd), _dollars_note(usd, saved_usd)),
         Figure("budget", str(d.get("budget") or "none")),
     ]
+
+
+def _saving_figure(saved: float | None, unpruned: float | None) -> Figure:
+    """What pruning saved against the unpruned sweep, or what it cost more when negative."""
+    if saved is not None and saved < 0:
+        return Figure("pruning cost more", fmt_seconds(-saved), _share(-saved, unpruned, "more"))
+    return Figure("pruning saved", fmt_seconds(saved), _share(saved, unpruned, "of the compute"))
+
+
+def _dollars_note(usd: float | None, saved_usd: float | None) -> str:
+    if usd is None:
+        return "no price: set [cost]"
+    if saved_usd is not None and saved_usd < 0:
+        return f"{fmt_usd(-saved_usd)} more for pruning"
+    return f"{fmt_usd(saved_usd)} saved by pruning"
 
 
 def _share(part: float | None, whole: float | None, what: str) -> str:
@@ -439,6 +450,7 @@ def compute_html(sweep: Sweep) -> str:
     lines = [_saving_line(compute, "seconds", fmt_seconds, "used")]
     if money:
         lines.append(_saving_line(compute, "cost", fmt_usd, "cost"))
+    lines.append(_startups_line(compute))
     items = "".join(f"<li>{escape(line)}</li>" for line in lines)
     parts.append(f'<ul class="plain" data-compute>{items}</ul>')
     if not money:
@@ -446,15 +458,38 @@ def compute_html(sweep: Sweep) -> str:
     return "".join(parts)
 
 
+def _startups_line(compute: dict[str, Any]) -> str:
+    """What the comparison counts: the start-ups the sessions paid, against one per trial."""
+    sessions, startups = number(compute.get("sessions")), number(compute.get("startup_seconds"))
+    line = (
+        "Every trial run to its last step means each run once, in a process of its own: one "
+        "start-up per trial"
+    )
+    if sessions is not None and startups is not None:
+        line += f"; the trials' {sessions:.0f} sessions paid {fmt_seconds(startups)} of start-ups"
+    estimated = number(compute.get("estimated_trials"))
+    if estimated:
+        line += (
+            f"; {estimated:.0f} trial(s) without measured sessions are counted at their step "
+            "time, evaluations left out"
+        )
+    return line + "."
+
+
 def _saving_line(
     compute: dict[str, Any], key: str, amount: Callable[[float | None], str], verb: str
 ) -> str:
     """ "The trials used 1 min 40 s; every trial run to its last step would have used
-    1 min 46 s: pruning saved 6.04 s (5.7%)." (`key`: seconds or cost)."""
+    1 min 46 s: pruning saved 6.04 s (5.7%)." (`key`: seconds or cost); "pruning cost 6.04 s
+    more (5.7%)" when the trials paid more than that."""
     spent, whole, saved = (number(compute.get(k)) for k in (key, f"unpruned_{key}", f"saved_{key}"))
     line = f"The trials {verb} {amount(spent)}"
     if whole is not None:
         line += f"; every trial run to its last step would have {verb} {amount(whole)}"
-    if saved is not None:
+    if saved is not None and saved < 0:
+        line += f": pruning cost {amount(-saved)} more" + (
+            f" ({-saved / whole:.1%})" if whole else ""
+        )
+    elif saved is not None:
         line += f": pruning saved {amount(saved)}" + (f" ({saved / whole:.1%})" if whole else "")
     return line + "."

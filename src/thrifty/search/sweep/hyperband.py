@@ -1,11 +1,17 @@
 """Hyperband as the algorithm prescribes it: synchronous successive halving in each bracket.
 
-Hyperband (Li et al., 2018) runs brackets of successive halving. With the smallest resource r
-(eval.every steps), the largest R (run.max_steps) and η = 3, s_max = ⌊log_η(R/r)⌋; bracket s
-(s_max down to 0) starts n_s = ⌈(s_max + 1)/(s + 1) · η^s⌉ trials and compares them at s rungs,
-r·η^(s_max − s), then η times further each, keeping the best ⌊n/η⌋ (at least one) at each; the
-survivors run to R. With R/r = 9: brackets of
-9, 5 and 3 trials; the first stops 6 at its first rung and 2 at its second.
+Hyperband (Li et al., 2018) runs brackets of successive halving. Its resource is counted from
+the schedule's warm-up (schedule.warmup_steps, 0 by default), during which the learning rate is
+still climbing and the trials with the highest rates lead, so that a rung inside it would keep
+the wrong ones: from w, the last evaluation at or before the warm-up's last step (the largest
+multiple of eval.every not above it; 0 without a warm-up). With the smallest resource r
+(eval.every steps), the largest R (run.max_steps − w) and η = 3, s_max = ⌊log_η(R/r)⌋;
+bracket s (s_max down to 0) starts n_s = ⌈(s_max + 1)/(s + 1) · η^s⌉ trials and compares them
+at s rungs, w + r·η^(s_max − s), then η times further each (every one an evaluation, after the
+warm-up and below run.max_steps), keeping the best ⌊n/η⌋ (at least one) at each; the survivors
+run to the last step. With R/r = 9: brackets of 9, 5 and 3 trials; the first stops 6 at its
+first rung and 2 at its second. With a warm-up of 30 steps, eval.every 10 and 90 steps
+(R/r = 6): brackets of 3 trials, compared at step 40, and of 2.
 
 Asynchronous implementations (ASHA; Optuna's HyperbandPruner; wandb's) decide each trial as it
 reaches a rung, against only those that reached it before: early arrivals pass easily, and far
@@ -41,16 +47,32 @@ class Bracket:
     rungs: tuple[int, ...]
 
 
-def brackets(every: int, last: int, eta: int = REDUCTION) -> list[Bracket]:
-    """The brackets of one Hyperband round, most aggressive first."""
-    s_max = max(0, math.floor(math.log(last / every, eta) + 1e-9))
+def brackets(every: int, last: int, eta: int = REDUCTION, *, warmup: int = 0) -> list[Bracket]:
+    """The brackets of one Hyperband round, most aggressive first, for trials evaluated every
+    `every` steps up to step `last` after a warm-up of `warmup` steps (see the module's
+    docstring). Where no rung fits after the warm-up: one bracket of one trial, without rungs."""
+    start = warmup // every * every  # the last evaluation at or before the warm-up's last step
+    resource = last - start
+    s_max = 0
+    if resource >= every:
+        s_max = max(0, math.floor(math.log(resource / every, eta) + 1e-9))
     out = []
     for s in range(s_max, -1, -1):
         size = math.ceil((s_max + 1) / (s + 1) * eta**s)
-        # s rungs, each a multiple of `every` (an evaluation), the last below `last`.
-        rungs = tuple(every * eta ** (s_max - s + k) for k in range(s))
+        # s rungs, each an evaluation (a multiple of `every`) after the warm-up, below `last`.
+        rungs = tuple(start + every * eta ** (s_max - s + k) for k in range(s))
         out.append(Bracket(s, size, rungs))
     return out
+
+
+def first_judged(every: int, warmup: int) -> int:
+    """The first evaluation after a warm-up of `warmup` steps: `every` without one."""
+    return (warmup // every + 1) * every
+
+
+def has_rungs(plan: Sequence[Bracket]) -> bool:
+    """Whether any bracket of `plan` compares its trials anywhere (else Hyperband stops none)."""
+    return any(b.rungs for b in plan)
 
 
 def round_size(plan: Sequence[Bracket]) -> int:

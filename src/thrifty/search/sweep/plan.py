@@ -23,7 +23,7 @@ from thrifty.rundir.own_files import is_own_report
 from thrifty.search.sweep import hyperband, pruning
 from thrifty.search.sweep.results import BEST_TOML, CONFIG_KEY, SWEEP_JSON
 from thrifty.search.sweep.runner import Budget, Sweep, trial_env
-from thrifty.search.sweep.space import parse_space, read_config, read_space
+from thrifty.search.sweep.space import Space, parse_space, read_config, read_space
 from thrifty.search.sweep.study import JOURNAL, fingerprint, load_or_create, open_storage
 from thrifty.search.sweep.trial import PLACE_KEYS, TrialSetup
 
@@ -92,15 +92,18 @@ def make_sweep(
             "cost.usd_per_gpu_hour (or give the budget as a time, e.g. 2h)"
         )
     _check_one_trial_fits(cfg, the_budget, budget)
-    folder = Path(out)
-    _check_out(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     if pruner == "hyperband" and cfg.run.max_steps is None:
         raise ConfigError(
             f"--pruner hyperband needs run.max_steps in {where}: its brackets run from "
             "eval.every to the last step"
         )
-    the_pruner = pruning.make_pruner(pruner, cfg.eval.every, cfg.guard)
+    warmup = _longest_warmup(cfg, the_space)
+    the_pruner = pruning.make_pruner(
+        pruner, cfg.eval.every, cfg.guard, warmup=warmup, last=cfg.run.max_steps
+    )
+    folder = Path(out)
+    _check_out(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     store = open_storage(folder, storage)
     import optuna
 
@@ -117,7 +120,7 @@ def make_sweep(
     plan_brackets = None
     if pruner == "hyperband":
         assert cfg.run.max_steps is not None
-        plan_brackets = hyperband.brackets(cfg.eval.every, cfg.run.max_steps)
+        plan_brackets = hyperband.brackets(cfg.eval.every, cfg.run.max_steps, warmup=warmup)
         if trials is None and the_budget.seconds is None and the_budget.usd is None:
             trials = hyperband.round_size(plan_brackets)  # one round of every bracket
     places = {
@@ -140,6 +143,17 @@ def make_sweep(
         trials=trials,
     )
     return Sweep(the_study, setup, the_space, trials, the_budget, workers, say, base_seed)
+
+
+def _longest_warmup(cfg: TrainConfig, space: Space) -> int:
+    """The longest warm-up (schedule.warmup_steps) a trial may have: the config's, or the
+    largest the space gives when it searches it. The pruners judge only after it."""
+    longest = cfg.schedule.warmup_steps
+    for param in space.params:
+        if param.key == "schedule.warmup_steps":
+            values = param.choices if param.choices is not None else (param.low, param.high)
+            longest = max(int(v) for v in values if isinstance(v, int | float))
+    return longest
 
 
 def _config_text(config: str | Path | Mapping[str, Any]) -> bytes:

@@ -5,13 +5,19 @@ A trial reports its validation loss at each evaluation (`thrifty.callbacks.trial
 and says whether this one goes on. Its decision depends on the study alone, so a sweep stopped
 and run again decides exactly as if it had not stopped.
 
-- `asha`: asynchronous successive halving; rungs at eval.every × 3^k steps, a trial goes on past a
-  rung when it is in the best third of the trials that reached it.
-- `hyperband`: synchronous successive halving in Hyperband's brackets, from eval.every to the
-  run's last step, reduction factor 3 (`thrifty.search.sweep.hyperband`: a trial that reaches a rung
-  first is paused until its bracket has, so that as many stop as the algorithm says).
+- `asha`: asynchronous successive halving; rungs at f × 3^k steps, f the first evaluation after
+  the schedule's warm-up (eval.every without one), a trial goes on past a rung when it is in the
+  best third of the trials that reached it.
+- `hyperband`: synchronous successive halving in Hyperband's brackets, from eval.every after the
+  warm-up to the run's last step, reduction factor 3 (`thrifty.search.sweep.hyperband`: a trial
+  that reaches a rung first is paused until its bracket has, so that as many stop as the
+  algorithm says).
 - `median`: stops a trial worse than the median of the earlier trials at the same step, after 5
-  trials and once a trial has had 2 evaluations.
+  trials, from the first evaluation after the warm-up on (eval.every without one).
+
+During the warm-up (schedule.warmup_steps) the learning rate is still climbing and the highest
+rates lead, so `asha`, `hyperband` and `median` never judge a trial at or before its last step;
+where no evaluation before run.max_steps is left to judge at, the sweep is refused in one line.
 - `forecast`: thrifty's own. The guard's learning-curve forecast (`thrifty.measure.forecast`) is
   fitted to the trial's reports and extended to its last step; the trial stops when even the
   optimistic edge of the band, at guard.forecast_confidence (99%), misses the best finished
@@ -31,6 +37,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from thrifty.errors import ConfigError
+from thrifty.search.sweep import hyperband
 
 PRUNERS = ("forecast", "asha", "hyperband", "median", "none")
 REDUCTION = 3
@@ -38,18 +45,24 @@ MEDIAN_STARTUP_TRIALS = 5
 FORECAST_MARGIN = 0.05
 
 
-def make_pruner(name: str, every: int, guard: Any) -> optuna.pruners.BasePruner:
+def make_pruner(
+    name: str, every: int, guard: Any, *, warmup: int = 0, last: int | None = None
+) -> optuna.pruners.BasePruner:
     """The pruner called `name` (see the module's docstring) for trials evaluated every
-    `every` steps; `guard` is the config's [guard] section."""
+    `every` steps, after a warm-up of `warmup` steps, up to step `last` (None: unknown);
+    `guard` is the config's [guard] section. Raises ConfigError, one line, where the warm-up
+    leaves `asha`, `hyperband` or `median` no evaluation to judge at (`check_rungs`)."""
+    check_rungs(name, every, warmup, last)
+    first = hyperband.first_judged(every, warmup)  # `every` without a warm-up
     if name == "none":
         return optuna.pruners.NopPruner()
     if name == "median":
         return optuna.pruners.MedianPruner(
-            n_startup_trials=MEDIAN_STARTUP_TRIALS, n_warmup_steps=every
+            n_startup_trials=MEDIAN_STARTUP_TRIALS, n_warmup_steps=first
         )
     if name == "asha":
         return optuna.pruners.SuccessiveHalvingPruner(
-            min_resource=every, reduction_factor=REDUCTION
+            min_resource=first, reduction_factor=REDUCTION
         )
     if name == "hyperband":  # decided by thrifty.search.sweep.hyperband, not by an Optuna pruner
         return optuna.pruners.NopPruner()
@@ -60,6 +73,30 @@ def make_pruner(name: str, every: int, guard: Any) -> optuna.pruners.BasePruner:
             margin=FORECAST_MARGIN,
         )
     raise ConfigError(f"--pruner {name!r} is unknown: use one of {', '.join(PRUNERS)}")
+
+
+def check_rungs(name: str, every: int, warmup: int, last: int | None) -> None:
+    """Refuse, in one line (ConfigError), a pruner among `asha`, `hyperband` and `median` that
+    has nowhere to judge between the warm-up's end (step `warmup` > 0) and step `last`: its
+    first rung would be inside the warm-up. Hyperband needs `last` at least 3 evaluations past
+    the last evaluation of the warm-up (`thrifty.search.sweep.hyperband`)."""
+    if warmup <= 0 or last is None or name not in ("asha", "hyperband", "median"):
+        return
+    if name == "hyperband":
+        if hyperband.has_rungs(hyperband.brackets(every, last, warmup=warmup)):
+            return
+        least = warmup // every * every + REDUCTION * every
+        needs = f"its brackets need run.max_steps {least} or more"
+    else:
+        first = hyperband.first_judged(every, warmup)
+        if first < last:
+            return
+        needs = f"the first evaluation after the warm-up, step {first}, is not before the last"
+    raise ConfigError(
+        f"--pruner {name}: no rung fits between the warm-up's end (step {warmup}) and "
+        f"run.max_steps {last} with eval.every {every} ({needs}): give more steps, a shorter "
+        "schedule.warmup_steps, or --pruner none"
+    )
 
 
 def _last_step(trial: FrozenTrial) -> int | None:

@@ -46,11 +46,32 @@ def print_table(record: dict[str, Any], out: Path) -> None:
             f"`thrifty train {dash(shlex.quote(str(out / 'best.toml')))}` runs it",
             soft_wrap=True,  # the command whole on its line, to copy
         )
-    saved = c["saved_seconds"] / c["unpruned_seconds"] if c["unpruned_seconds"] else 0.0
+    show.print(compute_line(c))
+
+
+def compute_line(c: dict[str, Any]) -> str:
+    """What the sweep's trials paid against what an unpruned sweep would have paid (every
+    trial once to its end, in a process of its own: one start-up each), and the difference:
+    "pruning saved N%", or "pruning cost N% more" when it paid more."""
+    paid = f"compute: {c['seconds']:,.1f} s of trials"
+    if c.get("sessions") is not None and c.get("startup_seconds") is not None:
+        paid += f" in {c['sessions']} sessions ({c['startup_seconds']:,.1f} s of start-ups)"
     line = (
-        f"compute: {c['seconds']:,.1f} s of trials; every trial to its end would have taken "
-        f"{c['unpruned_seconds']:,.1f} s (pruning saved {saved:.0%})"
+        f"{paid}; every trial once to its end, one start-up each, would have taken "
+        f"{c['unpruned_seconds']:,.1f} s ({saving(c['seconds'], c['unpruned_seconds'])})"
     )
     if c["cost"] is not None:
         line += f"; ${c['cost']:,.4f}, unpruned ${c['unpruned_cost']:,.4f}"
-    show.print(line)
+    if c.get("estimated_trials"):
+        line += (
+            f"; {c['estimated_trials']} trial(s) without measured sessions counted at their "
+            "step time, evaluations left out"
+        )
+    return line
+
+
+def saving(paid: float, unpruned: float) -> str:
+    """ "pruning saved 16%", or "pruning cost 25% more" when `paid` exceeds `unpruned`."""
+    if not unpruned or paid <= unpruned:
+        return f"pruning saved {1 - paid / unpruned if unpruned else 0.0:.0%}"
+    return f"pruning cost {paid / unpruned - 1:.0%} more"

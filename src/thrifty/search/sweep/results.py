@@ -1,11 +1,22 @@
 """What a sweep found and what it cost: DIR/sweep.json, DIR/best.toml, and the budget's check.
 
 Compute is counted in the trials' wall seconds: every session of a trial, its process's
-start-up and a preempted session's lost steps included, since a machine is paid for all of it.
-Dollars are those seconds at the trial's own price (`[cost]`: the catalog's spot or on-demand
-rate, as the run's cost meter has it). `unpruned_seconds` is what running every trial to its
-end would have taken: a pruned trial's seconds plus the steps it did not run at its own median
-step time (evaluations left out, so the saving is if anything understated).
+start-up and a preempted session's lost steps included, since a machine is paid for all of it
+(a trial paused at a Hyperband rung and resumed pays two start-ups). Dollars are those seconds
+at the trial's own price (`[cost]`: the catalog's spot or on-demand rate, as the run's cost
+meter has it).
+
+`unpruned_seconds` is what an unpruned sweep would really pay: every trial run once, in a
+process of its own, to its end (a pruned trial to the step its budget ends at, any other to the
+last step it reached). From the trial's sessions (`thrifty.search.sweep.trial.session_record`):
+one start-up (its first measured session's), its steps at the pace its sessions ran them
+(the evaluations and saves between them included) and one exit (its last session's). A trial
+no session of which was measured (each lost with its worker, or run before sessions were
+recorded) counts the median start-up of the measured trials plus its steps at its median step
+time, evaluations left out (`unpruned_from` "step time"); without a measured trial to take the
+median from, what it paid plus, if pruned, the steps it did not run at that step time ("as
+paid"), as does a trial that ran no step. `saved_seconds` is the difference and is negative
+when the start-ups pruning added cost more than the steps it did not run.
 """
 
 from __future__ import annotations
@@ -22,7 +33,14 @@ from optuna.trial import FrozenTrial, TrialState
 
 from thrifty.search.sweep.pruning import ForecastPruner
 from thrifty.search.sweep.study import PAUSED_KEY
-from thrifty.search.sweep.trial import ERROR_KEY, FACTS_KEY, PRUNED_KEY, RUN_DIR_KEY, SECONDS_KEY
+from thrifty.search.sweep.trial import (
+    ERROR_KEY,
+    FACTS_KEY,
+    PRUNED_KEY,
+    RUN_DIR_KEY,
+    SECONDS_KEY,
+    SESSIONS_KEY,
+)
 
 SWEEP_JSON = "sweep.json"
 BEST_TOML = "best.toml"
@@ -40,18 +58,73 @@ BEST_HEADER = (
 )
 
 
-def trial_record(trial: FrozenTrial) -> dict[str, Any]:
-    """One trial as sweep.json holds it."""
+_SESSION_FIGURES = ("seconds", "startup_seconds", "steps", "tail_seconds")
+
+
+def sessions(trial: FrozenTrial) -> list[dict[str, float]]:
+    """The trial's recorded sessions, oldest first (a malformed one left out)."""
+    found = trial.user_attrs.get(SESSIONS_KEY)
+    if not isinstance(found, list):
+        return []
+    return [
+        {key: float(s[key]) for key in _SESSION_FIGURES}
+        for s in found
+        if isinstance(s, dict)
+        and all(isinstance(s.get(k), (int, float)) and s[k] >= 0 for k in _SESSION_FIGURES)
+    ]
+
+
+def median_startup(trials: Sequence[FrozenTrial]) -> float | None:
+    """The median start-up of the trials measured: each one's first session that reached a
+    step. None without one."""
+    found = []
+    for trial in trials:
+        measured = [s for s in sessions(trial) if s["steps"] > 0]
+        if measured:
+            found.append(measured[0]["startup_seconds"])
+    if not found:
+        return None
+    found.sort()
+    middle = len(found) // 2
+    return found[middle] if len(found) % 2 else (found[middle - 1] + found[middle]) / 2
+
+
+def unpruned_seconds(
+    trial: FrozenTrial, seconds: float, steps: int | None, startup: float | None
+) -> tuple[float, str]:
+    """What running `trial` once to its end in a process of its own would take (see the
+    module's docstring), and what it is taken from: "sessions", "step time" or "as paid".
+    `startup`: the sweep's median start-up, for a trial not measured."""
+    reached = steps or 0
+    end = trial.user_attrs.get(ForecastPruner.END_KEY)
+    target = reached
+    if trial.state == TrialState.PRUNED and isinstance(end, int):
+        target = max(end, reached)
+    measured = [s for s in sessions(trial) if s["steps"] > 0]
+    if measured:
+        running = sum(s["seconds"] - s["startup_seconds"] - s["tail_seconds"] for s in measured)
+        pace = max(0.0, running) / sum(s["steps"] for s in measured)
+        whole = measured[0]["startup_seconds"] + target * pace + measured[-1]["tail_seconds"]
+        return whole, "sessions"
+    step_seconds = (trial.user_attrs.get(FACTS_KEY) or {}).get("step_seconds")
+    if not reached or not isinstance(step_seconds, (int, float)):
+        return seconds, "as paid"
+    if startup is not None:
+        return startup + target * step_seconds, "step time"
+    return seconds + (target - reached) * step_seconds, "as paid"
+
+
+def trial_record(trial: FrozenTrial, startup: float | None = None) -> dict[str, Any]:
+    """One trial as sweep.json holds it. `startup`: the sweep's median start-up
+    (`median_startup`), for a trial whose sessions were not measured."""
     attrs = trial.user_attrs
     facts = attrs.get(FACTS_KEY) or {}
     curve = sorted(trial.intermediate_values.items())
     steps = facts.get("steps") or (curve[-1][0] if curve else None)
     seconds = float(attrs.get(SECONDS_KEY, 0.0))
     end = attrs.get(ForecastPruner.END_KEY)
-    unpruned = seconds
-    step_seconds = facts.get("step_seconds")
-    if trial.state == TrialState.PRUNED and isinstance(end, int) and steps and step_seconds:
-        unpruned = seconds + max(0, end - steps) * step_seconds
+    unpruned, unpruned_from = unpruned_seconds(trial, seconds, steps, startup)
+    paid = sessions(trial)
     price = facts.get("usd_per_second")
     usd = None if price is None else seconds * price
     unpruned_usd = None if price is None else unpruned * price
@@ -66,7 +139,10 @@ def trial_record(trial: FrozenTrial) -> dict[str, Any]:
         "steps": steps,
         "end_step": end,
         "seconds": seconds,
+        "sessions": len(paid) if paid else None,
+        "startup_seconds": sum(s["startup_seconds"] for s in paid) if paid else None,
         "unpruned_seconds": unpruned,
+        "unpruned_from": unpruned_from,
         "cost": usd,
         "unpruned_cost": unpruned_usd,
         "run_dir": attrs.get(RUN_DIR_KEY),
@@ -84,9 +160,15 @@ def _sum(values: Sequence[float | None]) -> float | None:
     return sum(known) if known else None
 
 
+def trial_records(trials: Sequence[FrozenTrial]) -> list[dict[str, Any]]:
+    """Each trial as sweep.json holds it, those not measured at the sweep's median start-up."""
+    startup = median_startup(trials)
+    return [trial_record(t, startup) for t in trials]
+
+
 def sweep_record(study: optuna.Study, budget: Any = None) -> dict[str, Any]:
     """sweep.json: the trials, the best, the compute used and what pruning saved."""
-    trials = [trial_record(t) for t in study.get_trials(deepcopy=False)]
+    trials = trial_records(study.get_trials(deepcopy=False))
     best: dict[str, Any] | None = None
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
     if complete:
@@ -98,8 +180,14 @@ def sweep_record(study: optuna.Study, budget: Any = None) -> dict[str, Any]:
     unpruned_usd = _sum([t["unpruned_cost"] for t in trials])
     compute = {
         "seconds": seconds,
+        "sessions": _sum([t["sessions"] for t in trials]),
+        "startup_seconds": _sum([t["startup_seconds"] for t in trials]),
         "unpruned_seconds": unpruned,
         "saved_seconds": unpruned - seconds,
+        "saved_share": 1 - seconds / unpruned if unpruned else None,
+        "estimated_trials": sum(
+            1 for t in trials if t["unpruned_from"] != "sessions" and (t["steps"] or 0) > 0
+        ),
         "cost": usd,
         "unpruned_cost": unpruned_usd,
         "saved_cost": None if usd is None or unpruned_usd is None else unpruned_usd - usd,
@@ -169,7 +257,7 @@ def budget_allows(trials: Sequence[FrozenTrial], budget: Any, say: Callable[[str
     there is nothing to expect from: the first trial of each worker starts."""
     if budget.seconds is None and budget.usd is None:
         return True
-    records = [trial_record(t) for t in trials]
+    records = trial_records(trials)
     finished = [r for r in records if r["state"] in ("complete", "pruned")]
     key, limit = ("seconds", budget.seconds) if budget.usd is None else ("cost", budget.usd)
     used = sum((r[key] or 0.0) for r in records)

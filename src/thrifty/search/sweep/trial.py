@@ -56,6 +56,7 @@ from thrifty.search.sweep.verdicts import PRUNED_KEY, Backlog
 
 TRIAL_MODULE = "thrifty.trial"
 SECONDS_KEY = "thrifty.seconds"  # wall seconds of the trial's processes, all sessions summed
+SESSIONS_KEY = "thrifty.sessions"  # each session's clock, one `session_record` each
 RUN_DIR_KEY = "thrifty.run_dir"
 ERROR_KEY = "thrifty.error"
 FACTS_KEY = "thrifty.run"  # steps, step time and price, from the run's own records
@@ -150,6 +151,7 @@ def run_trial(
     setup.leases.hold(storage, trial_id, trial.number)
     pipe = TrialPipe(answers=True)
     child = None
+    clock = SessionClock()
     try:
         child = children.keep(
             Child(
@@ -164,7 +166,8 @@ def run_trial(
             )
         )
         pipe.started()
-        code, paused, stopped = _serve(setup, study, trial, child, pipe, stopping)
+        clock.child = child
+        code, paused, stopped = _serve(setup, study, trial, child, pipe, stopping, clock)
     finally:
         pipe.close()
         kept = setup.leases.release(trial_id)
@@ -174,8 +177,11 @@ def run_trial(
             "taken",
             f"another worker took it up after this one's lease lapsed; this run's saves stay in {out}",
         )
-    _add_seconds(storage, trial, child.elapsed)
-    trial.set_user_attr(FACTS_KEY, run_facts(out))
+    elapsed = child.elapsed
+    _add_seconds(storage, trial, elapsed)
+    facts = run_facts(out)
+    trial.set_user_attr(FACTS_KEY, facts)
+    _add_session(storage, trial, session_record(clock, elapsed, facts["step_seconds"]))
     return _finish(setup, study, trial, out, child, code, paused, stopped)
 
 
@@ -186,6 +192,7 @@ def _serve(
     child: Child,
     pipe: TrialPipe,
     stopping: threading.Event,
+    clock: SessionClock,
 ) -> tuple[int, int | None, bool]:
     """Answer the run's evaluations until it ends; pass the sweep's stop on as SIGTERM (the
     run saves and exits 75). Returns its exit code, the step it was paused at (its Hyperband
@@ -196,6 +203,7 @@ def _serve(
 
     def turn() -> bool:
         nonlocal signalled
+        clock.heard(pipe)
         if (stopping.is_set() or not setup.leases.holds(trial._trial_id)) and not signalled:
             signalled = True
             try:
@@ -206,6 +214,8 @@ def _serve(
 
     def judge(evaluation: Evaluation) -> str:
         nonlocal paused
+        clock.heard(pipe)
+        clock.evaluated()
         answer = backlog.report(setup, study, trial, evaluation)
         if answer == PAUSE:
             paused = evaluation.step
@@ -213,6 +223,7 @@ def _serve(
 
     code = pipe.serve(child, turn, judge)
     assert code is not None  # `turn` never ends the serving
+    clock.heard(pipe)  # steps read after the process ended (a run of a step or two)
     backlog.drain(setup, trial)
     return code, paused, signalled
 
@@ -277,6 +288,62 @@ def resumes_from(setup: TrialSetup, out: Path, number: int) -> str:
 def _add_seconds(storage: Any, trial: optuna.Trial, seconds: float) -> None:
     before = storage.get_trial(trial._trial_id).user_attrs.get(SECONDS_KEY, 0.0)
     trial.set_user_attr(SECONDS_KEY, float(before) + seconds)
+
+
+class SessionClock:
+    """When one session's process reported its steps and evaluations, in seconds since it
+    started: `first_at` when its first step line was read (`heard_first` step lines read by
+    then, the last of them step `first_step`), `last_at` when its last step or evaluation was,
+    `last_step` its last step. None before a step was heard."""
+
+    def __init__(self) -> None:
+        self.child: Child | None = None
+        self.first_at: float | None = None
+        self.first_step = self.heard_first = 0
+        self.last_at: float | None = None
+        self.last_step = 0
+        self._lines = 0
+
+    def heard(self, pipe: TrialPipe) -> None:
+        """Note the steps `pipe` read since the last call (called between its reads)."""
+        if self.child is None or pipe.step is None or pipe.steps == self._lines:
+            return
+        now = self.child.elapsed
+        if self.first_at is None:
+            self.first_at, self.first_step, self.heard_first = now, pipe.step, pipe.steps
+        self.last_at, self.last_step, self._lines = now, pipe.step, pipe.steps
+
+    def evaluated(self) -> None:
+        """An evaluation was read: the run's last report so far."""
+        if self.child is not None and self.first_at is not None:
+            self.last_at = self.child.elapsed
+
+
+def session_record(
+    clock: SessionClock, seconds: float, step_seconds: float | None
+) -> dict[str, Any]:
+    """One session as the trial keeps it (SESSIONS_KEY), its `seconds` in three parts:
+    `startup_seconds` before its first step (the process's start, imports, the model and data
+    built, a checkpoint loaded, less the ordinary time of the steps read with the first: the
+    run's median `step_seconds`), then `steps` steps with the evaluations and saves between them
+    until its last report, then `tail_seconds` (its last save and its exit). A session that
+    reported no step is start-up only."""
+    if clock.first_at is None or clock.last_at is None:
+        return {"seconds": seconds, "startup_seconds": seconds, "steps": 0, "tail_seconds": 0.0}
+    step = step_seconds or 0.0
+    startup = max(0.0, clock.first_at - clock.heard_first * step)
+    tail = max(0.0, seconds - clock.last_at)
+    return {
+        "seconds": seconds,
+        "startup_seconds": startup,
+        "steps": max(1, clock.last_step - clock.first_step + clock.heard_first),
+        "tail_seconds": tail,
+    }
+
+
+def _add_session(storage: Any, trial: optuna.Trial, session: dict[str, Any]) -> None:
+    before = storage.get_trial(trial._trial_id).user_attrs.get(SESSIONS_KEY)
+    trial.set_user_attr(SESSIONS_KEY, [*(before if isinstance(before, list) else []), session])
 
 
 def _finish(
