@@ -212,3 +212,23 @@ def stop_group_after(command: list[str], metrics, losses: int, env: dict, timeou
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def train_batches(data, config, *, micro: int = 4, world: int = 1, rank: int = 0, **order):
+    """`TrainBatches` over `data` as a run of `config` builds them: `micro` samples a batch,
+    no accumulation, `world` ranks of which this is `rank`; `order`: a sampler or batch_sampler."""
+    from thrifty.data.batching import TrainBatches
+    from thrifty.data.geometry import BatchGeometry
+    from thrifty.records.stop_signals import parse_signals
+
+    return TrainBatches(
+        data,
+        BatchGeometry(micro=micro, accumulation=1, effective=micro * world, world_size=world),
+        torch.device("cpu"),
+        None,
+        loading=config.data,
+        run=config.run,
+        stop_signals=parse_signals(config.spot.signals),
+        rank=rank,
+        **order,
+    )

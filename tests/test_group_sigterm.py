@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import AugmentedTokens, TokenDataset, stop_group_after, tiny_gpt
+from helpers import AugmentedTokens, TokenDataset, stop_group_after, tiny_gpt, train_batches
 from thrifty.data.loading import IgnoreStopSignals, LoaderSettings, _blocked, build_loader
 from thrifty.data.sampling import EpochSampler
 from thrifty.errors import ConfigError
-from thrifty.records.stop_signals import EXIT_PREEMPTED, parse_signals
+from thrifty.records.stop_signals import EXIT_PREEMPTED
 from thrifty.rundir.files import read_metrics
 
 TESTS = Path(__file__).parent
@@ -179,8 +179,6 @@ class DiesOf(torch.utils.data.Dataset):
 def windows_of(data) -> tuple[list[list[int]], Any]:
     """The windows (one micro-batch of 4 each) thrifty hands the loop, with 2 workers, in order."""
     from thrifty.config import TrainConfig
-    from thrifty.data.batching import TrainBatches
-    from thrifty.data.geometry import BatchGeometry
     from thrifty.records.state import TrainState
 
     config = TrainConfig.from_dict(
@@ -190,16 +188,7 @@ def windows_of(data) -> tuple[list[list[int]], Any]:
             "data": {"num_workers": 2, "shuffle": False, "persistent_workers": False},
         }
     )
-    batches = TrainBatches(
-        data,
-        BatchGeometry(micro=4, accumulation=1, effective=4),
-        torch.device("cpu"),
-        None,
-        loading=config.data,
-        run=config.run,
-        stop_signals=parse_signals(config.spot.signals),
-        rank=0,
-    )
+    batches = train_batches(data, config)
     fetched = [w[0].tolist() for w in batches.windows(TrainState())]
     batches.close()
     return fetched, batches
@@ -228,8 +217,6 @@ def test_a_worker_lost_mid_read_is_named_a_lost_worker_not_an_error_of_the_data(
     connection on the worker's queue, not the loader's "DataLoader worker ... killed" message:
     which one comes first is timing. Both must name the lost worker."""
     from thrifty.config import TrainConfig
-    from thrifty.data.batching import TrainBatches
-    from thrifty.data.geometry import BatchGeometry
     from thrifty.records.state import TrainState
 
     config = TrainConfig.from_dict(
@@ -239,16 +226,7 @@ def test_a_worker_lost_mid_read_is_named_a_lost_worker_not_an_error_of_the_data(
             "data": {"num_workers": 2, "shuffle": False, "persistent_workers": False},
         }
     )
-    batches = TrainBatches(
-        list(range(32)),
-        BatchGeometry(micro=4, accumulation=1, effective=4),
-        torch.device("cpu"),
-        None,
-        loading=config.data,
-        run=config.run,
-        stop_signals=parse_signals(config.spot.signals),
-        rank=0,
-    )
+    batches = train_batches(list(range(32)), config)
 
     def reset(epoch, start):
         raise ConnectionResetError(104, "Connection reset by peer")

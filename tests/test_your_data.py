@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import BatchSampler, Dataset, SequentialSampler, WeightedRandomSampler
 
-from helpers import tiny_gpt
+from helpers import tiny_gpt, train_batches
 from streams import Stream, window
 from thrifty import TrainConfig, Trainer
 from thrifty.cli import main
@@ -370,16 +370,8 @@ def fed_to_ranks(data: Dataset, world: int, **order: Any) -> list[list[int]]:
     )
     fed = []
     for rank in range(world):
-        batches = TrainBatches(
-            data,
-            BatchGeometry(micro=4, accumulation=1, effective=4 * world, world_size=world),
-            torch.device("cpu"),
-            None,
-            loading=config.data,
-            run=config.run,
-            stop_signals=parse_signals(config.spot.signals),
-            rank=rank,
-            **{k: v(rank) for k, v in order.items()},
+        batches = train_batches(
+            data, config, world=world, rank=rank, **{k: v(rank) for k, v in order.items()}
         )
         fed.append(
             [i for w in batches.windows(TrainState()) for i in w[0]["input_ids"][:, 0].tolist()]
@@ -402,17 +394,7 @@ def test_a_sampler_that_shards_itself_is_taken_whole():
     fed = fed_to_ranks(Ids(), 2, sampler=sampler)
     assert fed[0] == list(sampler(0)) and fed[1] == list(sampler(1))
     config = TrainConfig.from_dict({"run": {"max_steps": 1, "device": "cpu"}})
-    batches = TrainBatches(
-        Ids(),
-        BatchGeometry(micro=4, accumulation=1, effective=8, world_size=2),
-        torch.device("cpu"),
-        None,
-        loading=config.data,
-        run=config.run,
-        stop_signals=parse_signals(config.spot.signals),
-        rank=0,
-        sampler=sampler(0),
-    )
+    batches = train_batches(Ids(), config, world=2, sampler=sampler(0))
     assert batches.source.exact  # its order follows from (seed, epoch): nothing to warn of
     assert sorted(fed[0] + fed[1]) == list(range(64))
 
