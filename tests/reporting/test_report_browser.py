@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import io
 import shutil
+import time
 
 import numpy as np
 import pytest
 
 from helpers import TokenDataset, tiny_gpt
 from thrifty import Trainer
+from thrifty.callbacks import Callback, StepEnd
 from thrifty.config import TrainConfig
 from thrifty.reporting import write_run_report
 from thrifty.reporting.page import RUN_SECTIONS
@@ -41,7 +43,15 @@ def short_run(out) -> None:
         }
     )
     data = TokenDataset(n=64)
-    Trainer(tiny_gpt(n_layer=2), data, config, val_data=data).fit()
+    Trainer(tiny_gpt(n_layer=2), data, config, val_data=data, callbacks=[Yield()]).fit()
+
+
+class Yield(Callback):
+    """Sleeps a moment at each step's end: the system sampler's thread gets the core even on a
+    machine whose cores other tests hold (a run this short could otherwise end unsampled)."""
+
+    def on_step_end(self, step_info: StepEnd) -> None:
+        time.sleep(0.06)
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (apt-get install chromium)")
