@@ -12,6 +12,7 @@ import torch
 from torch.optim.lr_scheduler import StepLR
 
 from test_cli import run_cli
+from test_user_scheduler import JOB as USER_SCHEDULER_JOB
 from test_user_scheduler import LR, Regression, data, losses, newest_checkpoint, rates
 from thrifty import Trainer
 from thrifty.config import TrainConfig
@@ -125,29 +126,10 @@ def test_an_interval_that_is_neither_is_refused_in_python_too():
 
 # --- the guard names a schedule that collapsed early --------------------------------------------
 
-JOB = """
-[run]
-max_epochs = 4
-log_every = 1
-progress = "off"
-device = "cpu"
-[batch]
-micro = 8
-[data]
-num_workers = 0
-[optimizer]
-name = "sgd"
-lr = 0.1
-[checkpoint]
-every = "off"
-[spot]
-provider = "none"
-[task]
-model = "test_user_scheduler:model"
-train_data = "test_user_scheduler:data"
-scheduler = "torch.optim.lr_scheduler:StepLR"
-scheduler_args = { step_size = 2, gamma = 0.01 }
-"""
+# test_user_scheduler's job, over 4 epochs with a StepLR that collapses within the first tenth.
+JOB = USER_SCHEDULER_JOB.replace("max_steps = 7", "max_epochs = 4").replace(
+    "step_size = 3, gamma = 0.5", "step_size = 2, gamma = 0.01"
+)
 
 
 def test_a_step_lr_written_per_epoch_and_stepped_per_step_is_named_once(tmp_path, capsys, caplog):

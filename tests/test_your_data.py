@@ -23,11 +23,8 @@ from streams import Stream, window
 from thrifty import TrainConfig, Trainer
 from thrifty.cli import main
 from thrifty.data import sources
-from thrifty.data.batching import TrainBatches
-from thrifty.data.geometry import BatchGeometry
 from thrifty.errors import ThriftyError
 from thrifty.records.state import TrainState
-from thrifty.records.stop_signals import parse_signals
 
 TESTS = Path(__file__).parent
 MODEL = "{ n_layer = 1, n_head = 2, n_embd = 32, block_size = 32, dropout = 0.0 }"
@@ -250,16 +247,7 @@ def test_a_stream_is_split_so_no_sample_is_seen_twice_in_a_pass(workers):
     )
     seen: list[int] = []
     for rank in (0, 1):  # what each of two ranks is fed
-        batches = TrainBatches(
-            Ints(),
-            BatchGeometry(micro=5, accumulation=1, effective=10, world_size=2),
-            torch.device("cpu"),
-            None,
-            loading=config.data,
-            run=config.run,
-            stop_signals=parse_signals(config.spot.signals),
-            rank=rank,
-        )
+        batches = train_batches(Ints(), config, micro=5, world=2, rank=rank)
         progress = TrainState()
         for batch in batches.windows(progress):
             if progress.epoch > 0:

@@ -56,9 +56,11 @@ class Guard(Callback):
         record, monitor = step_info.record, self.monitor
         record["step_seconds"] = time.perf_counter() - self.run.clock.step_start
         monitor.add(record, monitor.timer.finish())
-        reason = step_info.reason
-        saved = self.checkpointer.newest_step == step_info.step
-        if len(monitor.pending) >= self.log_every or reason is not None or saved:
+        if (
+            len(monitor.pending) >= self.log_every
+            or step_info.reason is not None
+            or step_info.saved
+        ):
             step_info.end(self.flush())
 
     def current(self, loss: torch.Tensor, skipped: torch.Tensor | bool | None) -> dict[str, Any]:
