@@ -2,16 +2,16 @@
 
 - `nan_loss`: a loss that is NaN from the first step, so the run diverges (exit 1, its
   summary's stop reason `diverged`); `busy_model` makes the run's last log line the warning a
-  busy machine gives, as a run on a shared machine ends (printed at the process's exit, after
-  the run's own last words).
+  busy machine gives, as a run on a shared machine ends (printed when the run lets go of the
+  model, after the run's own last words).
 - `model(inputs=...)`: the tabular model with an input width the data may not have: a space
   value that makes the shapes invalid fails every trial alike.
 """
 
 from __future__ import annotations
 
-import atexit
 import sys
+import weakref
 
 import torch
 from torch import nn
@@ -33,8 +33,9 @@ def _say_busy() -> None:
 
 
 def busy_model(width: int = 32) -> nn.Module:
-    atexit.register(_say_busy)
-    return Net(width)
+    model = Net(width)
+    weakref.finalize(model, _say_busy)  # when the run lets go of it: its log's last line
+    return model
 
 
 class Wide(nn.Module):

@@ -240,15 +240,18 @@ def test_a_sigterm_then_a_sigkill_resume_the_trial_from_its_checkpoint_as_if_nev
 def test_a_trial_killed_from_outside_the_sweep_resumes_from_its_checkpoint_not_failed(
     tmp_path: Path,
 ) -> None:
-    """The OOM killer's SIGKILL reaches the trial, not the sweep: the work it saved is not
-    thrown away as a failure; the same sweep takes the trial up again from its checkpoint."""
+    """The OOM killer's SIGKILL reaches the trial's warm worker, not the sweep: the work it
+    saved is not thrown away as a failure; the same sweep takes the trial up again from its
+    checkpoint in a new worker."""
     config, space = write_inputs(tmp_path, steps=200)
     out = tmp_path / "sweep"
     trial = out / "trials" / "0000"
     proc = start_and_wait_for(sweep_command(config, space, out, "--trials", "1"), trial, 10)
-    found = subprocess.run(["pgrep", "-f", "--", f"--out {trial}"], capture_output=True, text=True)
+    found = subprocess.run(
+        ["pgrep", "-P", str(proc.pid), "-f", "thrifty.worker"], capture_output=True, text=True
+    )
     pids = [int(pid) for pid in found.stdout.split()]
-    assert pids, "the trial's process"
+    assert pids, "the trial's worker process"
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=180)
@@ -494,7 +497,7 @@ def test_a_trials_checkpoint_place_is_in_its_config_never_on_its_command_line() 
         out=Path("out"), env={}, pruner_name="none", pruner=None, storage=None,
         places={"checkpoint.location": secret}, given=given, study="lr",
     )  # fmt: skip
-    args = command(setup, {"optimizer.lr": 0.1}, Path("out/trials/0007"), "5,6")
+    args = command(setup, {"optimizer.lr": 0.1}, Path("out/trials/0007"))
     assert not [a for a in args if "secret" in a]
     assert args[-4:] == ["--set", "run.seed=1", "--set", "optimizer.lr=0.1"]
     from thrifty.config import toml_loads

@@ -20,6 +20,7 @@ from thrifty.callbacks.trial_report import TrialReport
 from thrifty.children import Child
 from thrifty.errors import ThriftyError
 from thrifty.records.stop import StopReason
+from thrifty.search.engine import Engine
 
 # A trial's side, as the Trainer drives its callbacks: ready, fit start, steps, evaluations
 # (the first at step 0). It prints what each evaluation decided.
@@ -233,21 +234,16 @@ def test_a_real_trial_reports_through_its_entry_point_and_stops_as_its_search_an
     out = tmp_path / "run"
     tests = str(Path(__file__).resolve().parent)
     path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)
-    pipe = TrialPipe(answers=True)
-    command = [sys.executable, "-m", "thrifty.trial", pipe.argument(), "train"]
-    child = Child(
-        [*command, "--out", str(out)],
-        {**os.environ, "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""},
-        tmp_path / "train.log",
-        "the trial",
-        tether=CONFIG.encode(),
-        pass_fds=pipe.child_fds,
+    engine = Engine(
+        tmp_path / "workers", {**os.environ, "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}
     )
-    pipe.started()
     try:
+        child = engine.start(["--out", str(out)], CONFIG.encode(), tmp_path / "train.log", "trial")
+        pipe = child.pipe
         assert pipe.serve(child, lambda: False, judge) == code, child.log.read_text()
+        child.wait()
     finally:
-        pipe.close()
+        engine.close()
     assert [(e.step, e.end) for e in heard] == [(step, 40) for step in sorted(answers)]
     assert pipe.ready is not None and (pipe.steps, pipe.step) == (steps, steps)
     if code == 0:

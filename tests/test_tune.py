@@ -31,7 +31,7 @@ from thrifty.search.tune.report import print_report, result_dict
 from thrifty.search.tune.search import Search
 from thrifty.search.tune.session import make_plan, run_tune
 from thrifty.search.tune.space import AUTO, COMPILE_MODES, LEVERS, POLICIES, Setting, Space
-from thrifty.search.tune.trials import Candidate, ChildTrials, failed, from_summary, stopped
+from thrifty.search.tune.trials import Candidate, WorkerTrials, failed, from_summary, stopped
 
 TESTS = Path(__file__).resolve().parent
 
@@ -583,7 +583,7 @@ def test_trials_measure_the_steps_only():
 
 def test_a_trial_sets_only_what_differs_from_the_config_and_the_pinned_peak(tmp_path):
     given = BASE.with_(precision="auto", checkpointing=("blocks.*",))
-    trials = ChildTrials(RUN, tmp_path, 5, given, {}, {"bf16": 0.25})
+    trials = WorkerTrials(RUN, tmp_path, 5, given, {}, {"bf16": 0.25})
     setting = given.with_(precision="bf16", micro=AUTO, compile="default")
     command = trials.command(Candidate("03-micro", "micro", setting))
     assert command[command.index("--out") + 1] == str(tmp_path / "trials" / "03-micro")
@@ -769,7 +769,7 @@ def test_every_trial_failing_is_one_line_and_keeps_the_trials(
     config, tmp_path, capsys, monkeypatch
 ):
     fake = FakeTrials(fail=lambda s: "RuntimeError: the data server is down")
-    monkeypatch.setattr(session, "ChildTrials", lambda *args, **kwargs: fake)
+    monkeypatch.setattr(session, "WorkerTrials", lambda *args, **kwargs: fake)
     out = tmp_path / "tune"
     line = one_line_error(capsys, ["tune", str(config), "--levers", "micro", "--out", str(out)])
     assert line == (

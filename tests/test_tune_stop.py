@@ -149,7 +149,7 @@ class Tune:
 
 
 def trial_processes(parent: int) -> list[int]:
-    """The trial processes `parent` started."""
+    """The warm worker processes (which run the trials) `parent` started."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -160,7 +160,7 @@ def trial_processes(parent: int) -> list[int]:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and b"thrifty.trial" in cmdline:
+        if ppid == parent and b"thrifty.worker" in cmdline:
             found.append(int(entry.name))
     return found
 

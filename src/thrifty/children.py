@@ -164,12 +164,16 @@ class Child:
                 if self.write_error is not None or self._file.closed:
                     continue
                 try:
-                    self._file.write(redact_text(raw.decode(errors="replace")))
-                    self._file.flush()
+                    self._write(redact_text(raw.decode(errors="replace")))
                 except OSError as exc:
                     self.write_error = exc
                 except ValueError:  # closed by wait() while a straggler still wrote
                     return
+
+    def _write(self, text: str) -> None:
+        """Write one line of the child's output (redacted) where it belongs: its log."""
+        self._file.write(text)
+        self._file.flush()
 
     @property
     def elapsed(self) -> float:

@@ -15,14 +15,24 @@ from __future__ import annotations
 import json
 import os
 import select
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from thrifty.callbacks.trial_report import GO
-from thrifty.children import Child
 
 POLL_SECONDS = 0.1
+
+
+class Process(Protocol):
+    """What `serve` needs of a trial: a process of its own (`thrifty.children.Child`) or a
+    trial in a warm worker (`thrifty.search.engine.TrialSession`)."""
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +57,11 @@ class TrialPipe:
         self.ready: float | None = None
         self.steps = 0
         self.step: int | None = None
+        self.done: int | None = None  # a warm worker's word that the trial ended: its exit code
+        self.leaving = False  # ... and that the worker exits after it (a stop signal)
         self._buffer = b""
         self._open = True  # the trial's end is open: nothing read says otherwise yet
+        self._answering = threading.Lock()  # an answer is never written to a descriptor closed
 
     @property
     def child_fds(self) -> tuple[int, ...]:
@@ -59,6 +72,11 @@ class TrialPipe:
         """The trial's command-line word for its pipes: "REPORTS" or "REPORTS,ANSWERS"."""
         return ",".join(str(fd) for fd in self.child_fds)
 
+    def begin(self) -> None:
+        """A new trial on the same pipes (a warm worker's next): nothing heard of it yet."""
+        self.ready, self.steps, self.step, self.done = None, 0, None, None
+        self.leaving = False
+
     def started(self) -> None:
         """The trial holds its ends now: this process's copies would keep the pipes open."""
         for fd in self.child_fds:
@@ -67,7 +85,7 @@ class TrialPipe:
 
     def serve(
         self,
-        child: Child,
+        child: Process,
         turn: Callable[[], bool],
         judge: Callable[[Evaluation], str] | None = None,
     ) -> int | None:
@@ -90,6 +108,8 @@ class TrialPipe:
 
     def read(self, judge: Callable[[Evaluation], str] | None) -> None:
         """Take every line waiting; answer each evaluation with `judge` (None: left)."""
+        if self.fd < 0:  # closed: everything was read
+            return
         try:
             while chunk := os.read(self.fd, 1 << 16):
                 self._buffer += chunk
@@ -106,6 +126,10 @@ class TrialPipe:
         except ValueError:  # not a line of the protocol: nothing to act on
             return
         if not isinstance(report, dict):
+            return
+        done = report.get("done")
+        if isinstance(done, int) and not isinstance(done, bool):
+            self.done, self.leaving = done, report.get("leaving") is True
             return
         if report.get("ready") is True:
             if self.ready is None:
@@ -127,12 +151,25 @@ class TrialPipe:
         self._answer(judge(Evaluation(step, float(value), end if isinstance(end, int) else None)))
 
     def _answer(self, word: str) -> None:
-        if self.answer_fd < 0:
-            return
-        try:
-            os.write(self.answer_fd, (word + "\n").encode())
-        except OSError:  # the trial is gone
-            pass
+        self.send((word + "\n").encode())
+
+    def send(self, data: bytes) -> bool:
+        """Write `data` on the answers pipe (all of it, waiting for room); False when the
+        other end is gone or this end closed."""
+        with self._answering:
+            try:
+                while data and self.answer_fd >= 0:
+                    data = data[os.write(self.answer_fd, data) :]
+            except OSError:  # the trial is gone
+                return False
+            return self.answer_fd >= 0
+
+    def close_answers(self) -> None:
+        """Close this end of the answers pipe: a warm worker reads it as "no more trials"."""
+        with self._answering:
+            if self.answer_fd >= 0:
+                os.close(self.answer_fd)
+                self.answer_fd = -1
 
     def close(self) -> None:
         """Read what is left (progress only) and close this process's ends."""
@@ -141,6 +178,4 @@ class TrialPipe:
             self.read(None)
             os.close(self.fd)
             self.fd = -1
-        if self.answer_fd >= 0:
-            os.close(self.answer_fd)
-            self.answer_fd = -1
+        self.close_answers()

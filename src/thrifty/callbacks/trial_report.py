@@ -1,7 +1,7 @@
 """A trial's reports to the search that started it (`thrifty tune`, `thrifty sweep`), as a
 callback: one protocol for every trial, served by `thrifty.callbacks.trial_pipe`.
 
-The trial's process (`thrifty.trial`) gets its pipes on its command line: REPORTS, or
+The trial's process (a warm worker, `thrifty.worker`) holds its pipes: REPORTS, or
 REPORTS,ANSWERS (descriptor numbers). On REPORTS it writes JSON lines:
 
 - `{"ready": true}` once torch and the Trainer are imported (what a budget too small is spent
@@ -44,6 +44,7 @@ class TrialReport(Callback):
         self.reports, self.answers = reports, answers
         os.set_blocking(reports, False)
         self.gone = False  # the search closed its end: every verdict is "go"
+        self.paused = False  # the search answered "pause": the run stops as preempted
         self.run: Any = None
 
     @classmethod
@@ -56,7 +57,7 @@ class TrialReport(Callback):
         if not 1 <= len(fds) <= 2 or min(fds) < 0:
             raise ThriftyError(
                 f"the trial's pipes are {word!r}: give REPORTS or REPORTS,ANSWERS, the "
-                "descriptor numbers the search passed (python -m thrifty.trial 5,6 train ...)"
+                "descriptor numbers the search passed (python -m thrifty.worker 5,6)"
             )
         return cls(fds[0], fds[1] if len(fds) == 2 else None)
 
@@ -84,6 +85,7 @@ class TrialReport(Callback):
             log.warning("pruned by the sweep at step %d", step)
             return StopReason.PRUNED
         if word == PAUSE:
+            self.paused = True
             log.warning("paused by the sweep at step %d: its bracket has not caught up", step)
             return StopReason.PREEMPTED
         return None

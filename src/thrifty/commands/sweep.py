@@ -49,6 +49,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_worker_options(parser, "trials")
     parser.add_argument(
+        "--hang-after",
+        metavar="TIME",
+        help="end a trial that reports no step for this long (30m, 90s) as hung, with its "
+        "worker (default 30m: a first step that compiles included)",
+    )
+    parser.add_argument(
         "--study", metavar="NAME", help="the study's name in --storage (default: --out's name)"
     )
     add_output_options(

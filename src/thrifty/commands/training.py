@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_config_options(train)
     _common(train)
     # `callbacks`: what the command line's caller hands the Trainer (a trial's report to its
-    # search, `thrifty.trial`); none from a terminal.
+    # search, in its warm worker `thrifty.worker`); none from a terminal.
     train.set_defaults(handler=run_train, callbacks=())
 
 

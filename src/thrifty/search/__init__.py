@@ -1,3 +1,4 @@
 """The search: `tune/` chooses the cheapest way to train a job (`thrifty tune`), `sweep/` the
-fewest runs to find good hyperparameters (`thrifty sweep`, on Optuna). Their trials run as
-`python -m thrifty.trial` and report through `thrifty.callbacks.trial_report`."""
+fewest runs to find good hyperparameters (`thrifty sweep`, on Optuna). Their trials run one
+after another in warm worker processes (`engine`, `thrifty.worker`) and report through
+`thrifty.callbacks.trial_report`."""

@@ -4,7 +4,7 @@ Each trial is a whole thrifty run (every lever, the run lock, spot-safe checkpoi
 in its own folder under the sweep's --out; Optuna samples the parameters, prunes the trials
 that cannot win and stores the study. The modules, from the bottom up: `space` (SPACE.toml),
 `study` (storage, identity, leases), `pruning` (the pruners, thrifty's forecast pruner among
-them), `trial` (one trial's process), `results` (sweep.json, best.toml, dollars, the budget),
+them), `trial` (one trial in its warm worker, `thrifty.search.engine`), `results` (sweep.json, best.toml, dollars, the budget),
 `runner` (the workers) and `plan` (the checks before the first trial).
 """
 
@@ -27,6 +27,7 @@ def sweep(
     storage: str | None = None,
     study: str | None = None,
     overrides: Sequence[str] = (),
+    hang_after: str | None = None,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run a sweep (or continue the one in `out`) and return its record, as sweep.json holds it.
@@ -37,7 +38,8 @@ def sweep(
     holds at most; `budget`: trial time ("2h") or dollars ("$40"); `pruner`: forecast, asha,
     hyperband, median or none; `workers`: trials at once on this machine; `storage`: a database
     URL shared by several machines (default: a journal file in `out`); `overrides`:
-    "section.key=value" for every trial. Raises SweepStopped after SIGTERM or SIGINT (the same
+    "section.key=value" for every trial; `hang_after`: a trial that reports no step for this
+    long ("30m", the default) is ended as hung, with its worker. Raises SweepStopped after SIGTERM or SIGINT (the same
     call continues the sweep), and SweepFailed when every trial failed or 3 in a row failed
     alike (sweep.json is written all the same; the message names the failure).
     """
@@ -54,6 +56,7 @@ def sweep(
         storage=storage,
         study=study,
         overrides=overrides,
+        hang_after=hang_after,
     )
     plan = make_sweep(
         config if isinstance(config, Mapping) else Path(config),

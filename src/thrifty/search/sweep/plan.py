@@ -17,6 +17,7 @@ from thrifty.config import (
     TrainConfig,
     dump_toml,
 )
+from thrifty.config.checks import parse_duration
 from thrifty.errors import ConfigError, ThriftyError
 from thrifty.redact import redact_value
 from thrifty.rundir.own_files import is_own_report
@@ -25,12 +26,13 @@ from thrifty.search.sweep.results import BEST_TOML, CONFIG_KEY, SWEEP_JSON
 from thrifty.search.sweep.runner import Budget, Sweep, trial_env
 from thrifty.search.sweep.space import Space, parse_space, read_config, read_space
 from thrifty.search.sweep.study import JOURNAL, fingerprint, load_or_create, open_storage
-from thrifty.search.sweep.trial import PLACE_KEYS, TrialSetup
+from thrifty.search.sweep.trial import HANG_SECONDS, PLACE_KEYS, TrialSetup
 
 # What a sweep writes in --out; anything else there is someone else's and refused.
-OWN = (JOURNAL, f"{JOURNAL}.lock", SWEEP_JSON, BEST_TOML, "trials")
+OWN = (JOURNAL, f"{JOURNAL}.lock", SWEEP_JSON, BEST_TOML, "trials", "workers")
 _TEMPORARY = re.compile(rf"\.({re.escape(SWEEP_JSON)}|{re.escape(BEST_TOML)})\.tmp-\d+")
 _TRIAL_DIR = re.compile(r"\d{4,}")
+_WORKER_LOG = re.compile(r"worker-\d+\.log")  # a warm worker's own output (thrifty.search.engine)
 REPORT_HTML = "report.html"  # the page `thrifty report DIR` draws of the sweep, in its --out
 
 
@@ -38,7 +40,8 @@ REPORT_HTML = "report.html"  # the page `thrifty report DIR` draws of the sweep,
 class SweepOptions:
     """How a sweep runs, as `thrifty.search.sweep.sweep` and `thrifty sweep` take it: the most
     `trials`, the `budget`, the `pruner`, the `workers` on this machine, the `storage` and
-    `study` several machines share, and the `overrides` ("section.key=value") of every trial."""
+    `study` several machines share, the `overrides` ("section.key=value") of every trial, and
+    `hang_after`: how long a trial may report no step before it is ended as hung ("30m")."""
 
     trials: int | None = None
     budget: str | None = None
@@ -47,6 +50,7 @@ class SweepOptions:
     storage: str | None = None
     study: str | None = None
     overrides: Sequence[str] = ()
+    hang_after: str | None = None
 
 
 def make_sweep(
@@ -128,7 +132,9 @@ def make_sweep(
         for key in PLACE_KEYS
         if (place := getattr(cfg.checkpoint, key.partition(".")[2])) is not None
     }
+    hang = HANG_SECONDS if o.hang_after is None else parse_duration(o.hang_after, "--hang-after")
     setup = TrialSetup(
+        hang_seconds=hang,
         places=places,
         given=given,
         study=the_study.study_name,
@@ -190,6 +196,15 @@ def _check_out(out: Path) -> None:
             entry.name in OWN or _TEMPORARY.fullmatch(entry.name) or report
         ):
             strangers.append(entry.name)
+        elif entry.name == "workers":
+            if entry.is_symlink() or not entry.is_dir():
+                strangers.append(entry.name)
+                continue
+            strangers += [
+                f"workers/{e.name}"
+                for e in sorted(entry.iterdir())
+                if e.is_symlink() or not e.is_file() or not _WORKER_LOG.fullmatch(e.name)
+            ]
         elif entry.name == "trials":
             if not entry.is_dir():
                 strangers.append(entry.name)

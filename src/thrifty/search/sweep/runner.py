@@ -1,6 +1,7 @@
 """The sweep itself: K workers asking Optuna for trials and running them, within a budget.
 
-Each worker is a thread of the sweep's process and each trial its own process
+Each worker is a thread of the sweep's process with a warm worker process of its own
+(`thrifty.search.engine`) that runs its trials one after another
 (`thrifty.search.sweep.trial`), so K workers run K trials at once, each with an equal share of the
 machine's cores (OMP_NUM_THREADS, torch's intra-op threads; one you set is kept). A worker first
 requeues the trials orphaned by a dead worker (`thrifty.search.sweep.study`), then asks: Optuna hands
@@ -30,12 +31,11 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from thrifty.children import Children
 from thrifty.errors import ThriftyError
 from thrifty.search.sweep import results
 from thrifty.search.sweep.space import Space
 from thrifty.search.sweep.study import PAUSED_KEY, requeue_orphans, storage_trouble
-from thrifty.search.sweep.trial import SECONDS_KEY, Ended, TrialSetup, run_trial, wait_for_children
+from thrifty.search.sweep.trial import SECONDS_KEY, Ended, TrialSetup, run_trial
 from thrifty.search.sweep.verdicts import HYPERBAND_LIMIT_KEY, release_paused
 
 STOP_GRACE_SECONDS = 120.0  # a trial's emergency checkpoint after the sweep's stop signal
@@ -122,11 +122,10 @@ class Sweep:
 def run_sweep(sweep: Sweep) -> dict[str, Any]:
     """Run the sweep's workers to the end; returns the sweep's record (sweep.json). Raises
     SweepStopped after a stop signal, once every trial has saved."""
-    children = Children()
     gpus = visible_gpus()
     threads = [
         threading.Thread(
-            target=_worker, args=(sweep, children, _device_env(gpus, i)), name=f"sweep-worker-{i}"
+            target=_worker, args=(sweep, i, _device_env(gpus, i)), name=f"sweep-worker-{i}"
         )
         for i in range(sweep.workers)
     ]
@@ -138,8 +137,8 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
                 for thread in threads:
                     thread.join(0.2)
         finally:
-            sweep.stopping.set()
-            wait_for_children(children, STOP_GRACE_SECONDS)
+            sweep.stopping.set()  # a running trial is told to save (SIGTERM) and ends
+            sweep.setup.workers().close(STOP_GRACE_SECONDS)  # the workers too, or are killed
             for thread in threads:
                 thread.join()
             sweep.setup.leases.stop.set()
@@ -222,13 +221,13 @@ def _stop_signals(sweep: Sweep) -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _worker(sweep: Sweep, children: Children, device: dict[str, str]) -> None:
+def _worker(sweep: Sweep, slot: int, device: dict[str, str]) -> None:
     """Take up trials until none may start; a storage that fails (a database gone for a
     while) is retried with a back-off, and ends the sweep with one line if it stays down."""
     failures = 0
     while not sweep.stopping.is_set():
         try:
-            if not _next_trial(sweep, children, device):
+            if not _next_trial(sweep, slot, device):
                 return
             failures = 0
         except Exception as exc:  # the storage: a lost connection, a locked journal
@@ -246,7 +245,7 @@ def _worker(sweep: Sweep, children: Children, device: dict[str, str]) -> None:
             sweep.stopping.wait(wait)
 
 
-def _next_trial(sweep: Sweep, children: Children, device: dict[str, str]) -> bool:
+def _next_trial(sweep: Sweep, slot: int, device: dict[str, str]) -> bool:
     """Run (or resume) one trial; False when no trial may start any more."""
     with sweep.lock, _asking(sweep.setup.out):
         requeue_orphans(sweep.study, SECONDS_KEY)
@@ -272,7 +271,7 @@ def _next_trial(sweep: Sweep, children: Children, device: dict[str, str]) -> boo
         f"trial {trial.number}: {'resumed' if resumed else 'started'} "
         + " ".join(f"{k}={_show(v)}" for k, v in params.items())
     )
-    ended = run_trial(sweep.setup, sweep.study, trial, params, children, sweep.stopping, device)
+    ended = run_trial(sweep.setup, sweep.study, trial, params, sweep.stopping, slot, device)
     sweep.ended.append(ended)
     detail = f" ({ended.detail})" if ended.detail else ""
     sweep.say(f"trial {ended.number}: {ended.state}{detail}")

@@ -1,12 +1,14 @@
-"""One trial of a sweep: `thrifty train` in its own process, with the pruner's say after each
-evaluation.
+"""One trial of a sweep: `thrifty train` in a warm worker (`thrifty.search.engine`), with the
+pruner's say after each evaluation.
 
-The trial's run is `thrifty train CONFIG --out DIR/trials/NNNN --set KEY=VALUE ...` started
-through `thrifty.trial`, which receives the config (credentials included) on its stdin,
-never from a file, and ties the process's life to the sweep's (`thrifty.children`): if the
-sweep is SIGKILLed, so is the trial, and its last checkpoint is what the next sweep resumes.
+The trial's run is `thrifty train CONFIG --out DIR/trials/NNNN --set KEY=VALUE ...` in the
+worker of its device, which receives the config (credentials included) through a pipe, never
+from a file; the worker's life is tied to the sweep's (`thrifty.children`): if the sweep is
+SIGKILLed, so is the worker, and the trial's last checkpoint is what the next sweep resumes.
 The run reports each evaluation on its pipe (`thrifty.callbacks.trial_report`); the sweep
 reports it to Optuna and answers whether the run goes on (`thrifty.search.sweep.verdicts`).
+A Hyperband pause saves a checkpoint and ends the run; the same worker (or any other) resumes
+it from there, with no process started.
 
 How a trial ends, for Optuna:
 - the run finished (exit 0): COMPLETE with its last validation loss (its training loss without
@@ -14,7 +16,12 @@ How a trial ends, for Optuna:
 - the run was preempted (exit 75: a SIGTERM, a cloud notice; the sweep passes its own stop
   signals on) or killed while the sweep stopped: back in the queue (WAITING), resumed from its
   own checkpoint by the next worker to ask;
-- anything else (the config refused, a crash): FAILED, with the run's first error line.
+- a trial that ends its worker: SIGKILLed (the out-of-memory killer) it is requeued and resumed
+  from its checkpoint by a new worker, up to MAX_KILLS times; a crash in native code (SIGSEGV,
+  SIGABRT) or a hang (no step or evaluation for `hang_seconds`: the sweep ends its worker) is
+  FAILED at once, with its reason;
+- anything else (the config refused, an out-of-memory error, a crash): FAILED, with the run's
+  first error line.
 A worker whose lease lapsed and whose trial another worker then took up
 (`thrifty.search.sweep.leases`) stops its run (SIGTERM: it saves) and tells Optuna nothing.
 
@@ -30,10 +37,8 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import re
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -45,16 +50,15 @@ from optuna.trial import TrialState
 
 from thrifty.callbacks.trial_pipe import Evaluation, TrialPipe
 from thrifty.callbacks.trial_report import PAUSE
-from thrifty.children import Child, Children, error_in
 from thrifty.config import dump_toml, toml_literal
 from thrifty.records.stop_signals import EXIT_PREEMPTED
 from thrifty.rundir.files import step_records
+from thrifty.search.engine import Engine, TrialSession
 from thrifty.search.sweep import hyperband
 from thrifty.search.sweep.leases import Leases, requeue
 from thrifty.search.sweep.study import PAUSED_KEY
 from thrifty.search.sweep.verdicts import PRUNED_KEY, Backlog
 
-TRIAL_MODULE = "thrifty.trial"
 SECONDS_KEY = "thrifty.seconds"  # wall seconds of the trial's processes, all sessions summed
 SESSIONS_KEY = "thrifty.sessions"  # each session's clock, one `session_record` each
 RUN_DIR_KEY = "thrifty.run_dir"
@@ -64,6 +68,7 @@ IN_USE = " is in use by "  # the run lock's refusal (thrifty.rundir.lock)
 KILLS_KEY = "thrifty.kills"  # sessions of the trial a signal ended (the OOM killer's SIGKILL)
 MAX_KILLS = 3  # then it fails: a trial killed each time it runs would be resumed forever
 PLACE_KEYS = ("checkpoint.location", "checkpoint.local_dir")  # each trial gets its own
+HANG_SECONDS = 1800.0  # a trial that reports nothing for this long is hung (a compile included)
 
 
 @dataclass
@@ -85,6 +90,13 @@ class TrialSetup:
     given: dict[str, Any] = field(default_factory=dict)
     places: dict[str, str] = field(default_factory=dict)
     study: str = ""  # the study's name: its folder under each place
+    hang_seconds: float = HANG_SECONDS
+    engine: Engine | None = None  # the warm workers; made from `out` and `env` on first use
+
+    def workers(self) -> Engine:
+        if self.engine is None:
+            self.engine = Engine(self.out / "workers", self.env)
+        return self.engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,10 +112,10 @@ def run_dir(out: Path, number: int) -> Path:
     return out / "trials" / f"{number:04d}"
 
 
-def command(setup: TrialSetup, params: dict[str, Any], out: Path, pipes: str) -> list[str]:
-    """The trial's command line; `pipes` names its pipes (`TrialPipe.argument`)."""
+def command(setup: TrialSetup, params: dict[str, Any], out: Path) -> list[str]:
+    """The trial's `thrifty train` options after its config."""
     sets = [f"{key}={toml_literal(value)}" for key, value in params.items()]
-    args = [sys.executable, "-m", TRIAL_MODULE, pipes, "train", "--out", str(out)]
+    args = ["--out", str(out)]
     overrides = setup.overrides
     if setup.places:  # in the trial's config, each trial's own
         overrides = [o for o in overrides if o.partition("=")[0].strip() not in PLACE_KEYS]
@@ -138,38 +150,32 @@ def run_trial(
     study: optuna.Study,
     trial: optuna.Trial,
     params: dict[str, Any],
-    children: Children,
     stopping: threading.Event,
+    slot: int = 0,
     device: dict[str, str] | None = None,
 ) -> Ended:
-    """Run (or resume) `trial` to its end or to the sweep's stop; tell Optuna how it ended.
-    `device`: the environment that gives the trial its GPU (CUDA_VISIBLE_DEVICES)."""
+    """Run (or resume) `trial` to its end or to the sweep's stop in the warm worker at `slot`;
+    tell Optuna how it ended. `device`: the environment that gives the worker its GPU
+    (CUDA_VISIBLE_DEVICES)."""
     storage, trial_id = setup.storage, trial._trial_id
     out = run_dir(setup.out, trial.number)
     out.mkdir(parents=True, exist_ok=True)
     trial.set_user_attr(RUN_DIR_KEY, str(out))
     setup.leases.hold(storage, trial_id, trial.number)
-    pipe = TrialPipe(answers=True)
-    child = None
     clock = SessionClock()
     try:
-        child = children.keep(
-            Child(
-                command(setup, params, out, pipe.argument()),
-                {**setup.env, **(device or {})},
-                out / "train.log",
-                f"trial {trial.number}",
-                tether=trial_config(setup, trial.number),
-                pass_fds=pipe.child_fds,
-                redact=True,
-                append=True,  # each session's lines after the last's: a resume's story kept
-            )
+        child = setup.workers().start(
+            command(setup, params, out),
+            trial_config(setup, trial.number),
+            out / "train.log",
+            f"trial {trial.number}",
+            slot=slot,
+            device=device,
+            append=True,  # each session's lines after the last's: a resume's story kept
         )
-        pipe.started()
         clock.child = child
-        code, paused, stopped = _serve(setup, study, trial, child, pipe, stopping, clock)
+        code, paused, stopped = _serve(setup, study, trial, child, stopping, clock)
     finally:
-        pipe.close()
         kept = setup.leases.release(trial_id)
     if not kept:  # another worker's now: its seconds, its facts, its outcome
         return Ended(
@@ -189,32 +195,38 @@ def _serve(
     setup: TrialSetup,
     study: optuna.Study,
     trial: optuna.Trial,
-    child: Child,
-    pipe: TrialPipe,
+    child: TrialSession,
     stopping: threading.Event,
     clock: SessionClock,
 ) -> tuple[int, int | None, bool]:
     """Answer the run's evaluations until it ends; pass the sweep's stop on as SIGTERM (the
-    run saves and exits 75). Returns its exit code, the step it was paused at (its Hyperband
-    bracket behind) or None, and whether the sweep was stopping."""
+    run saves and exits 75); end a run silent for `setup.hang_seconds` with its worker.
+    Returns its exit code, the step it was paused at (its Hyperband bracket behind) or None,
+    and whether the sweep was stopping."""
     signalled = False
     paused: int | None = None
     backlog = Backlog(trial.number)
+    pipe = child.pipe
+    heard = [pipe.steps, time.monotonic()]  # the step lines read, when they last changed
 
     def turn() -> bool:
         nonlocal signalled
         clock.heard(pipe)
+        now = time.monotonic()
+        if pipe.steps != heard[0] or pipe.ready is None:  # a worker's start is not a hang
+            heard[:] = [pipe.steps, now]
+        elif now - heard[1] > setup.hang_seconds and child.ended_by is None:
+            child.ended_by = "hung"
+            child.kill()
         if (stopping.is_set() or not setup.leases.holds(trial._trial_id)) and not signalled:
             signalled = True
-            try:
-                os.killpg(child.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            child.terminate()
         return False  # the run ends itself: it saves first
 
     def judge(evaluation: Evaluation) -> str:
         nonlocal paused
         clock.heard(pipe)
+        heard[1] = time.monotonic()
         clock.evaluated()
         answer = backlog.report(setup, study, trial, evaluation)
         if answer == PAUSE:
@@ -297,7 +309,7 @@ class SessionClock:
     `last_step` its last step. None before a step was heard."""
 
     def __init__(self) -> None:
-        self.child: Child | None = None
+        self.child: TrialSession | None = None
         self.first_at: float | None = None
         self.first_step = self.heard_first = 0
         self.last_at: float | None = None
@@ -351,7 +363,7 @@ def _finish(
     study: optuna.Study,
     trial: optuna.Trial,
     out: Path,
-    child: Child,
+    child: TrialSession,
     code: int,
     paused: int | None,
     stopped: bool,
@@ -363,6 +375,19 @@ def _finish(
     if code == EXIT_PREEMPTED or (stopped and code != 0):
         requeue(storage, trial._trial_id)
         return Ended(number, "requeued", f"preempted: {resumes_from(setup, out, number)}")
+    if child.ended_by == "hung":
+        error = (
+            f"hung: it reported no step for {setup.hang_seconds:.0f} s, so the sweep ended its "
+            f"worker; its last: {child.error_line()}"
+        )
+        trial.set_user_attr(ERROR_KEY, error)
+        study.tell(trial, state=TrialState.FAIL)
+        return Ended(number, "failed", error)
+    if child.crashed():  # in native code: it would crash again
+        error = f"its worker died of {child.signal_name()}: {child.error_line()}"
+        trial.set_user_attr(ERROR_KEY, error)
+        study.tell(trial, state=TrialState.FAIL)
+        return Ended(number, "failed", error)
     if code < 0:  # a signal from outside the sweep (the OOM killer, an operator): work saved
         name = _signal_name(-code)
         kills = int(storage.get_trial(trial._trial_id).user_attrs.get(KILLS_KEY, 0)) + 1
@@ -409,7 +434,7 @@ def _finish(
     return Ended(number, "complete", f"{value:.4g}")
 
 
-def failure_reason(out: Path, child: Child, code: int) -> str:
+def failure_reason(out: Path, child: TrialSession, code: int) -> str:
     """Why the trial's run failed, in the run's own words: "the run diverged" when the summary
     this session wrote says so (a diverged run exits 1), else the first error its log shows
     in this session (an out-of-memory error says so), else its exit code. Never the log's last
@@ -422,19 +447,7 @@ def failure_reason(out: Path, child: Child, code: int) -> str:
         summary = {}
     if isinstance(summary, dict) and summary.get("stop_reason") == "diverged":
         return "the run diverged"
-    error = error_in(child.log, child.session_start)
+    error = child.error()
     if error:
         return error
     return f"its run exited with code {code} and no error line (its log: {child.log})"
-
-
-def wait_for_children(children: Children, seconds: float) -> None:
-    """Give the trials `seconds` to save and exit, then kill what is left."""
-    deadline = time.monotonic() + seconds
-    for child in children.started:
-        left = max(0.0, deadline - time.monotonic())
-        try:
-            child.wait(left)
-        except Exception:
-            pass
-    children.kill_all()

@@ -31,7 +31,9 @@ from thrifty.search.tune.space import Space
 from thrifty.search.tune.stopping import finished
 from thrifty.search.tune.trials import Candidate, Trial
 
-OWN = ("tune.json", "trial.toml", "winner.toml", "trials")
+OWN = ("tune.json", "trial.toml", "winner.toml", "trials", "workers")
+FOLDERS = ("trials", "workers")
+WORKER_LOG = re.compile(r"worker-\d+\.log")  # the warm worker's own output (search.engine)
 TEMPORARY = ("tune.json.tmp",)  # what a write of tune.json cut short leaves
 LEFT_ALONE = ("report.html",)  # `thrifty report DIR` writes it; a tune neither needs nor deletes it
 # A trial's folder, or a comparison run's (NN-STAGE.a0, final.b1: thrifty.search.tune.compare).
@@ -137,8 +139,14 @@ def foreign(out: Path) -> list[str]:
     for entry in sorted(out.iterdir()):
         if entry.name not in (*OWN, *TEMPORARY, *LEFT_ALONE):
             found.append(entry.name)
-        elif entry.is_symlink() or entry.is_dir() != (entry.name == "trials"):
+        elif entry.is_symlink() or entry.is_dir() != (entry.name in FOLDERS):
             found.append(entry.name)
+        elif entry.name == "workers":
+            found += [
+                f"workers/{e.name}"
+                for e in sorted(entry.iterdir())
+                if e.is_symlink() or not e.is_file() or not WORKER_LOG.fullmatch(e.name)
+            ]
         elif entry.name == "trials":
             for e in sorted(entry.iterdir()):
                 if e.is_symlink() or not e.is_dir() or not TRIAL_DIR.fullmatch(e.name):

@@ -7,7 +7,8 @@ tune.json (written first, then after every trial and comparison run, so the fini
 kept whatever happens next: an unfinished tune is resumed by the same command, see outdir.py)
 and, when a trial finished, winner.toml. Nothing there holds a credential: trial.toml and
 winner.toml are redacted as a run's config.toml is, and the trials receive the config as given
-through a pipe (thrifty.trial).
+through a pipe, in the tune's warm worker (thrifty.search.engine), whose own output is in
+workers/.
 """
 
 from __future__ import annotations
@@ -43,7 +44,14 @@ from thrifty.search.tune.space import (
     parse_micro,
 )
 from thrifty.search.tune.stopping import StopSignals, TuneStopped, stopped_line
-from thrifty.search.tune.trials import Candidate, ChildTrials, Interrupted, Runner, Trial, cpu_peaks
+from thrifty.search.tune.trials import (
+    Candidate,
+    Interrupted,
+    Runner,
+    Trial,
+    WorkerTrials,
+    cpu_peaks,
+)
 from thrifty.search.tune.waterfall import waterfall
 
 DEFAULT_BUDGET = "10m"
@@ -171,7 +179,7 @@ def _search(
     data = trial_config(plan.given, plan.steps, plan.space.effective)
     (plan.out / "trial.toml").write_text(dump_toml(redact_value(data)))
     if runner is None:
-        runner = ChildTrials(
+        runner = WorkerTrials(
             data,
             plan.out,
             plan.steps,
@@ -211,6 +219,8 @@ def _search(
         runs = sum(len(c.blocks) for c in result.outcome.comparisons)
         line = stopped_line(stop.received, exc.name, len(result.trials), plan.out, AGAIN, runs)
         raise TuneStopped(line) from None
+    finally:
+        _close(runner)
     result.waterfall = waterfall(
         result.outcome, plan.job, plan.price, plan.config.checkpoint.interruption_rate
     )
@@ -220,6 +230,13 @@ def _search(
     result.state = "finished"
     write_json(record, result_dict(result))
     return result
+
+
+def _close(runner: Runner) -> None:
+    """End the runner's worker, if it has one."""
+    close = getattr(runner, "close", None)
+    if callable(close):
+        close()
 
 
 class _Trials:

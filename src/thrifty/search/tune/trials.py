@@ -1,12 +1,14 @@
-"""One trial: `thrifty train` for a few steps in its own process, and what it measured.
+"""One trial: `thrifty train` for a few steps in the tune's warm worker, and what it measured.
 
-A trial runs `thrifty train TRIAL-CONFIG --out DIR/trials/NAME --steps N --set ...` (through
-`thrifty.trial`, which receives the config from the tune, credentials included,
-without a file) with its output in train.log there, redacted, so an out-of-memory error or a
-compile crash ends that trial only. Its figures are the run's own steady-state ones from
-summary.json: the Trainer leaves the warm-up steps (and with torch.compile, the compiling ones)
-out of them. Peak memory is the CUDA peak allocated the run reports or, on a CPU, the peak
-resident set of the trial's main process (VmHWM in /proc/PID/status, read while it runs).
+A trial runs `thrifty train TRIAL-CONFIG --out DIR/trials/NAME --steps N --set ...` in the
+tune's warm worker (`thrifty.search.engine`: torch imported once, a compiled model's code
+compiled once; the config reaches it through a pipe, credentials included, never a file) with
+its output in train.log there, redacted, so an out-of-memory error or a compile crash ends that
+trial only (a crash that ends the worker costs a new worker). Its figures are the run's own
+steady-state ones from summary.json: the Trainer leaves the warm-up steps (and with
+torch.compile, the compiling ones) out of them. Peak memory is the CUDA peak allocated the run
+reports or, on a CPU, the peak resident set of the worker while the trial ran (VmHWM in
+/proc/PID/status, which the worker starts again for each trial, read while it runs).
 
 A trial the budget ends is "stopped"; one that was ready to train (torch and the Trainer
 imported: a budget too small ends a trial before) and completed no step by then is "hung",
@@ -23,15 +25,14 @@ import errno
 import json
 import re
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from thrifty.callbacks.trial_pipe import TrialPipe
-from thrifty.children import Child, Children, error_in
 from thrifty.config import toml_literal
+from thrifty.search.engine import Engine, TrialSession
 from thrifty.search.tune.space import Setting
 from thrifty.search.tune.trial_record import (
     Candidate,
@@ -47,7 +48,7 @@ from thrifty.search.tune.trial_record import (
 # What other modules and tests find here: a trial's record lives in `trial_record`.
 __all__ = [
     "Candidate",
-    "ChildTrials",
+    "WorkerTrials",
     "Interrupted",
     "Runner",
     "Trial",
@@ -59,7 +60,6 @@ __all__ = [
     "warmup_steps",
 ]
 
-TRIAL_MODULE = "thrifty.trial"
 _NO_SPACE = re.compile(r"no space left|disk quota exceeded|\[Errno (28|122)\]", re.IGNORECASE)
 
 
@@ -76,15 +76,16 @@ class Interrupted(Exception):
 Runner = Callable[[Candidate, float], Trial]
 
 
-class ChildTrials:
-    """Runs each candidate as `thrifty train` in its own process, under `out/trials/<name>`,
-    and ends it at the deadline (time.monotonic seconds) or when `should_stop()` says the tune
-    was asked to stop (then raises `Interrupted`).
+class WorkerTrials:
+    """Runs each candidate as `thrifty train` in the tune's warm worker, under
+    `out/trials/<name>`, and ends it at the deadline (time.monotonic seconds; its worker with
+    it) or when `should_stop()` says the tune was asked to stop (then raises `Interrupted`).
+    `close()` ends the worker.
 
     `config` is the TOML data every trial starts from (credentials included: it reaches the
     trial through a pipe, never a file); a trial's --set items are the values of its setting
     that differ from `base` (the config's own), and its precision's peak from `peaks` (TFLOP/s,
-    see `cpu_peaks`) when given. `env` is the children's environment.
+    see `cpu_peaks`) when given. `env` is the worker's environment.
     """
 
     def __init__(
@@ -104,17 +105,17 @@ class ChildTrials:
         self.env = dict(env)
         self.peaks = dict(peaks or {})
         self.should_stop = should_stop
-        self.children = Children()
+        self.engine = Engine(out / "workers", self.env)
         self.slowest_step = 0.0  # seconds: the slowest step of a finished trial, for no_step
 
     def run_dir(self, candidate: Candidate) -> Path:
         return self.out / "trials" / candidate.name
 
     def command(self, candidate: Candidate) -> list[str]:
-        """The `thrifty train` arguments after the config."""
+        """The `thrifty train` options after the config."""
         setting = candidate.setting
         steps = max(candidate.steps or self.steps, warmup_steps(setting) + 1)
-        command = ["train", "--out", str(self.run_dir(candidate)), "--steps", str(steps)]
+        command = ["--out", str(self.run_dir(candidate)), "--steps", str(steps)]
         base = self.base.config_values()
         for key, value in setting.config_values().items():
             if value != base[key]:
@@ -128,12 +129,17 @@ class ChildTrials:
         if run_dir.exists():  # the unfinished trial of a stopped tune: this one replaces it
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
-        child, pipe = self._start(candidate, run_dir)
+        child = self.engine.start(
+            self.command(candidate), self.toml, run_dir / "train.log", candidate.name
+        )
+        pipe = child.pipe
         try:
             code, peak_rss = _wait(child, deadline, pipe, self.should_stop)
-        finally:
-            pipe.close()
-            self.children.kill_all()  # an error here: no trial outlives the tune
+            if code is not None:
+                child.wait()
+        except BaseException:
+            self.engine.kill_all()  # an error here: no trial outlives the tune
+            raise
         if child.write_error is not None:
             raise child.write_error
         if code != 0 and self.should_stop():  # the stop reached it too (a scheduler's SIGTERM
@@ -143,33 +149,14 @@ class ChildTrials:
             self.slowest_step = max(self.slowest_step, trial.step_seconds)
         return trial
 
-    def _start(self, candidate: Candidate, run_dir: Path) -> tuple[Child, TrialPipe]:
-        pipe = TrialPipe()  # a tune answers no evaluation: its trials report progress only
-        command = [sys.executable, "-m", TRIAL_MODULE, pipe.argument()]
-        log = run_dir / "train.log"
-        try:
-            child = self.children.keep(
-                Child(
-                    [*command, *self.command(candidate)],
-                    self.env,
-                    log,
-                    candidate.name,
-                    tether=self.toml,
-                    pass_fds=pipe.child_fds,
-                    redact=True,
-                )
-            )
-        except BaseException:
-            pipe.close()
-            raise
-        finally:
-            pipe.started()
-        return child, pipe
+    def close(self) -> None:
+        """End the worker (the tune is over)."""
+        self.engine.close()
 
     def _outcome(
         self,
         candidate: Candidate,
-        child: Child,
+        child: TrialSession,
         code: int | None,
         pipe: TrialPipe,
         peak: float | None,
@@ -181,7 +168,7 @@ class ChildTrials:
                 return no_step(candidate, wall, run_dir, waited, self.slowest_step)
             return stopped(candidate, wall, run_dir, pipe.steps)
         if code < 0:
-            return killed(candidate, wall, run_dir, -code, error_in(child.log))
+            return killed(candidate, wall, run_dir, -code, child.error())
         if code != 0:
             error = child.error_line()
             if _NO_SPACE.search(error):  # every trial would fail alike: the tune ends here
@@ -219,7 +206,7 @@ def cpu_peaks(precisions: Iterable[str], given: str) -> dict[str, float]:
 
 
 def _wait(
-    child: Child, deadline: float, pipe: TrialPipe, should_stop: Callable[[], bool]
+    child: TrialSession, deadline: float, pipe: TrialPipe, should_stop: Callable[[], bool]
 ) -> tuple[int | None, float | None]:
     """(exit code, or None once killed at the deadline; peak RSS in bytes, or None), serving
     the trial's pipe meanwhile. Raises `Interrupted` once it ended the child because the tune
