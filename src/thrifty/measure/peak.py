@@ -179,19 +179,33 @@ def measure_cpu_peak(dtype: str = "fp32", budget_seconds: float = 0.4) -> Peak:
     takes over 10 ms or `budget_seconds` is spent, so slow dtypes stay small and fast ones get
     big enough to reach steady state. Each product is timed in the seconds this process held
     the CPU (CPU time ÷ threads, at most the wall time): other processes stretch the wall time,
-    not that. The best rate seen counts: caches favour some sizes.
+    not that. The best rate seen counts: caches favour some sizes. Measured once per process
+    for each dtype and thread count (a warm worker's trials share it: their MFUs compare), with
+    a generator of its own, so the run's random numbers are the same either way.
     """
+    key = (dtype, torch.get_num_threads())
+    if key in _MEASURED:
+        return _MEASURED[key]
+    _MEASURED[key] = peak = _measure_cpu_peak(dtype, budget_seconds)
+    return peak
+
+
+_MEASURED: dict[tuple[str, int], Peak] = {}
+
+
+def _measure_cpu_peak(dtype: str, budget_seconds: float) -> Peak:
     if dtype not in _TORCH_DTYPES:
         raise ThriftyError(
             f"cannot measure a CPU peak for {dtype}: CPUs run fp32, bf16 or fp16 matmuls; "
             "give --peak-tflops"
         )
     torch_dtype = _TORCH_DTYPES[dtype]
+    generator = torch.Generator().manual_seed(0)
     started = time.perf_counter()
     best_rate, best_n, timed = 0.0, 0, 0
     for n in (256, 512, 1024, 2048):
-        a = torch.randn(n, n).to(torch_dtype)
-        b = torch.randn(n, n).to(torch_dtype)
+        a = torch.randn(n, n, generator=generator).to(torch_dtype)
+        b = torch.randn(n, n, generator=generator).to(torch_dtype)
         _time_matmul(a, b)  # first call: allocation and kernel selection
         fastest = math.inf
         for _ in range(3):
