@@ -14,7 +14,11 @@ The model is GPT-2 small as nanoGPT writes it (12 layers, 12 heads, 768 wide, vo
       tokens/s, and the loss parity check thrifty applies (within 0.01 nats of (a));
   (b) thrifty: `thrifty tune` on the config as a user writes it (precision auto, micro auto,
       compile off, workers auto), with no flags (its default budget, 10 minutes, unless
-      --tune-budget or --deadline says otherwise), then `thrifty train` on its winner.
+      --tune-budget or --deadline says otherwise), then `thrifty train` on its winner. The
+      tune's trials run one after another in its warm worker (`thrifty.search.engine`): CUDA
+      is initialised once and a compiled arm compiled once, so its paired comparisons of
+      torch.compile fit in the budget; the tune's record keeps each trial's wall seconds and
+      the tune's own, to show what deciding cost.
 
 Printed: tokens/s, MFU by nanoGPT's formula (6N + 12·L·H·Q·T FLOPs per token, N without the
 position embedding) against the dense bf16 peak of an H100/H200 SXM (989 TFLOP/s) and against
@@ -598,10 +602,13 @@ def fp8_arm(job: Job, plain: Arm | None) -> Arm:
 
 
 def summary_of_tune(report: dict[str, Any]) -> dict[str, Any]:
-    keep = ("winner", "unit", "stopped_early", "pruned", "not_reached", "checks")
+    keep = ("winner", "unit", "stopped_early", "pruned", "not_reached", "checks", "wall_seconds")
     out = {k: report.get(k) for k in keep}
     out["trials"] = [
-        {k: t.get(k) for k in ("name", "setting", "status", "tokens_per_second", "error")}
+        {
+            k: t.get(k)
+            for k in ("name", "setting", "status", "tokens_per_second", "wall_seconds", "error")
+        }
         for t in report.get("trials", [])
     ]
     out["comparisons"] = [c.get("line") for c in report.get("comparisons", [])]

@@ -160,3 +160,17 @@ def test_a_sweep_fails_a_segfault_and_a_hang_with_their_reasons_and_the_rest_as_
             theirs["params"], theirs["value"], theirs["curve"]
         )  # fmt: skip
     assert not os.listdir(tickets)
+
+
+def test_a_hang_after_that_is_no_duration_is_one_line_before_anything_is_written(tmp_path, here):
+    config, space = tmp_path / "base.toml", tmp_path / "space.toml"
+    config.write_text(TRIAL)
+    space.write_text(test_sweep.SPACE)
+    out = tmp_path / "sweep"
+    code, _, err = here(sweep_command(config, space, out, "--hang-after", "soon"))
+    assert code == 2
+    assert err.strip() == (
+        "thrifty: error: --hang-after = 'soon' is invalid: give seconds or a number with s, m, "
+        'h or d (e.g. "30m")'
+    )
+    assert not out.exists()

@@ -69,6 +69,7 @@ def make_sweep(
         raise ThriftyError(f"--trials {trials} is invalid: at least 1")
     if workers < 1:
         raise ThriftyError(f"--workers {workers} is invalid: at least 1")
+    hang = HANG_SECONDS if o.hang_after is None else parse_duration(o.hang_after, "--hang-after")
     if pruner not in pruning.PRUNERS:
         raise ThriftyError(
             f"--pruner {pruner!r} is unknown: use one of {', '.join(pruning.PRUNERS)}"
@@ -132,7 +133,6 @@ def make_sweep(
         for key in PLACE_KEYS
         if (place := getattr(cfg.checkpoint, key.partition(".")[2])) is not None
     }
-    hang = HANG_SECONDS if o.hang_after is None else parse_duration(o.hang_after, "--hang-after")
     setup = TrialSetup(
         hang_seconds=hang,
         places=places,
