@@ -66,23 +66,32 @@ def losses(run: Path) -> tuple[Any, ...]:
     return summary["final_val_loss"], summary["train_loss"], curve
 
 
-def trials_in_a_worker(out: Path, plan: list[tuple[float, str]]) -> tuple[Engine, list[Any]]:
+def trials_in_a_worker(
+    out: Path, plan: list[tuple[float, str]]
+) -> tuple[Engine, list[Any], list[tuple[int, int]]]:
     engine = Engine(out / "workers", env())
     sessions = []
+    held: list[tuple[int, int]] = []  # (descriptors, threads) of the worker after each trial
     try:
         for i, (lr, fault) in enumerate(plan):
             session = start(engine, out, f"t{i}", lr, fault)
             finish(session)
             sessions.append(session)
+            if session.proc.poll() is None:  # what the worker holds once the trial is done
+                fd = Path(f"/proc/{session.proc.pid}/fd")
+                task = Path(f"/proc/{session.proc.pid}/task")
+                held.append((len(list(fd.iterdir())), len(list(task.iterdir()))))
     finally:
         engine.close()
-    return engine, sessions
+    return engine, sessions, held
 
 
 def test_trial_order_changes_nothing_bit_for_bit_and_a_trial_is_a_run_of_its_own(tmp_path):
-    forward, _ = trials_in_a_worker(tmp_path / "a", [(lr, "none") for lr in GOOD])
-    backward, _ = trials_in_a_worker(tmp_path / "b", [(lr, "none") for lr in reversed(GOOD)])
+    forward, _, held = trials_in_a_worker(tmp_path / "a", [(lr, "none") for lr in GOOD])
+    backward, _, _ = trials_in_a_worker(tmp_path / "b", [(lr, "none") for lr in reversed(GOOD)])
     assert forward.workers_started == backward.workers_started == 1
+    # A trial leaves nothing open behind it: no descriptor, no thread.
+    assert len(set(held)) == 1, held
     n = len(GOOD)
     for i in range(n):
         assert losses(tmp_path / "a" / f"t{i}") == losses(tmp_path / "b" / f"t{n - 1 - i}")
@@ -114,7 +123,7 @@ def test_a_trial_that_ends_its_worker_costs_a_worker_and_the_others_end_as_witho
     tmp_path, clean, fault
 ):
     plan = [(GOOD[0], "none"), (0.02, fault), (GOOD[1], "none")]
-    engine, (before, faulty, after) = trials_in_a_worker(tmp_path, plan)
+    engine, (before, faulty, after), _ = trials_in_a_worker(tmp_path, plan)
     assert [before.code, after.code] == [0, 0]
     assert [losses(tmp_path / "t0"), losses(tmp_path / "t2")] == clean
     if fault == "oom":  # the run's own error: the worker freed what it held and went on
