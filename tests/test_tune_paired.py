@@ -265,13 +265,17 @@ def test_a_tune_stopped_mid_comparison_resumes_without_rerunning_its_finished_ru
     assert record(resumed)["comparisons"] == expected  # the same runs, the same decisions
 
 
-def test_each_run_measures_about_three_seconds_of_steps_as_many_for_both():
+def test_each_run_measures_about_a_second_of_steps_in_a_warm_worker_three_cold(monkeypatch):
     def trial(step_seconds: float, steps: int) -> Trial:
         summary = {"samples_per_second": 16 / step_seconds, "step_seconds": step_seconds}
         made = from_summary(Candidate("t", "micro", BASE), summary, 5.0, Path("t"), None)
         return Trial.from_dict({**made.to_dict(), "steps_completed": steps})
 
     fast, slow = trial(0.1, 5), trial(0.3, 5)
+    monkeypatch.delenv("THRIFTY_COLD_TRIALS", raising=False)
+    assert measured_steps(fast, slow) == 4  # 1 s at the slower one's pace
+    assert measured_steps(trial(0.05, 5), trial(0.02, 5)) == 20
+    monkeypatch.setenv("THRIFTY_COLD_TRIALS", "1")  # a process per run: 3 s each, as before
     assert measured_steps(fast, slow) == 10  # the slower one's pace, beyond the trials' 4
     assert measured_steps(trial(5.0, 20), trial(1.0, 20)) == MIN_MEASURED_STEPS
     # Before its first run, a run's cost is its trial's 5 s plus the 6 steps more it measures.

@@ -1,13 +1,15 @@
-"""A paired comparison: a candidate against the incumbent in alternating trial processes,
-A B A B ... A, within the budget (the statistics are in `thrifty.search.tune.paired`).
+"""A paired comparison: a candidate against the incumbent in alternating runs, A B A B ... A,
+within the budget (the statistics are in `thrifty.search.tune.paired`).
 
-Each run repeats the setting its trial resolved (the micro-batch and workers "auto" found),
-in a process of its own like every trial, so the two never share the machine's memory. Runs
-are named after the comparison: NAME.a0, NAME.b1, NAME.a1, NAME.b2, ... (a: the incumbent,
-b: the candidate). A run measures about BLOCK_SECONDS of steady-state steps (as many steps as
-the slower of the two trials took in that time, at least MIN_MEASURED_STEPS), both settings
-the same number: a few steps of a short trial are at the mercy of one hiccup of the machine,
-while the processes' start-up is still most of what a round costs.
+Each run repeats the setting its trial resolved (the micro-batch and workers "auto" found), a
+trial of its own in the tune's warm worker (`thrifty.search.engine`), one after the other, so
+the two never share the machine's memory. Runs are named after the comparison: NAME.a0,
+NAME.b1, NAME.a1, NAME.b2, ... (a: the incumbent, b: the candidate). A run measures about
+`block_seconds()` of steady-state steps (as many steps as the slower of the two trials took in
+that time, at least MIN_MEASURED_STEPS), both settings the same number: BLOCK_SECONDS (1 s) in
+a warm worker, where a run starts in a tenth of a second, so that the machine's drift cancels
+at the scale of a second and a round costs little more than its steps; COLD_BLOCK_SECONDS (3 s)
+with a process per run (THRIFTY_COLD_TRIALS=1), whose start was most of what a round cost.
 
 Rounds: MIN_ROUNDS first, and then one more at a time while the interval leaves the decision
 open, up to MAX_ROUNDS, and while the budget has room for another round (a run's cost is the
@@ -19,10 +21,12 @@ is not kept.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from thrifty.search.engine import COLD
 from thrifty.search.tune.paired import (
     KEPT,
     MAX_ROUNDS,
@@ -37,7 +41,8 @@ from thrifty.search.tune.paired import (
 )
 from thrifty.search.tune.trials import Candidate, Trial, warmup_steps
 
-BLOCK_SECONDS = 3.0  # steady-state seconds each run measures
+BLOCK_SECONDS = 1.0  # steady-state seconds each run measures, in a warm worker
+COLD_BLOCK_SECONDS = 3.0  # ... with a process per run, as before the warm worker
 MIN_MEASURED_STEPS = 2
 FINAL = "final"  # the stage (and name) of the winner's re-measurement against the config as given
 
@@ -174,11 +179,17 @@ def trial_measured(trial: Trial) -> int | None:
     return trial.steps_completed - warmup_steps(trial.resolved)
 
 
+def block_seconds() -> float:
+    """The steady-state seconds a run measures: BLOCK_SECONDS in a warm worker,
+    COLD_BLOCK_SECONDS with a process per run."""
+    return COLD_BLOCK_SECONDS if os.environ.get(COLD) == "1" else BLOCK_SECONDS
+
+
 def measured_steps(a: Trial, b: Trial) -> int:
-    """Steps each run measures: about BLOCK_SECONDS at the slower trial's pace, at least
+    """Steps each run measures: about `block_seconds()` at the slower trial's pace, at least
     MIN_MEASURED_STEPS."""
     slower = max(a.step_seconds or 0.0, b.step_seconds or 0.0)
-    wanted = math.ceil(BLOCK_SECONDS / slower) if slower > 0 else MIN_MEASURED_STEPS
+    wanted = math.ceil(block_seconds() / slower) if slower > 0 else MIN_MEASURED_STEPS
     return max(MIN_MEASURED_STEPS, wanted)
 
 

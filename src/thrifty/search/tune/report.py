@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from thrifty.errors import command_line_words, python_words
 from thrifty.plan.units import fmt_bytes, fmt_hours, fmt_pct, fmt_usd
-from thrifty.search.tune.compare import BLOCK_SECONDS
+from thrifty.search.tune.compare import block_seconds
 from thrifty.search.tune.paired import CONFIDENCE, MIN_GAIN
 from thrifty.search.tune.pricing import Job, Price, job_usd, usd_per_unit
 from thrifty.search.tune.space import Setting, Space
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 PER = {"tokens": "$/M tokens", "samples": "$/k samples"}
 MEMORY_SOURCES = {
     "cuda": "CUDA peak allocated (the run's summary.json)",
-    "rss": "CPU: peak resident set of the trial's process (VmHWM), not a device memory",
+    "rss": "CPU: peak resident set of the worker while the trial ran (VmHWM), not a device memory",
 }
 
 
@@ -201,7 +201,7 @@ def notes(result: TuneResult) -> list[str]:
     if outcome.comparisons:
         lines.append(
             "speed-ups: paired, each candidate against the incumbent in alternating runs "
-            f"(A B A ... A, about {BLOCK_SECONDS:.0f} s of steps each), each B over the A runs "
+            f"(A B A ... A, about {block_seconds():.0f} s of steps each), each B over the A runs "
             f"around it, with a {CONFIDENCE:.0%} interval; a lever is kept when its interval "
             f"lies above 1 and it gains {MIN_GAIN:.0%} or more"
         )
