@@ -487,7 +487,9 @@ def _replace_last_two(line: str, *cells: str) -> str:
 
 def test_the_tune_example_prices_its_measured_trials_at_the_catalog_and_spot_model() -> None:
     """docs/tune.md's `thrifty tune` example is measured (not run here); its dollars are not."""
-    block = _block_starting("$ python benchmarks/tune.py", ROOT / "docs" / "tune.md")
+    block = _block_starting(
+        "$ thrifty tune examples/demo.toml --budget 270s", ROOT / "docs" / "tune.md"
+    )
     assert block.marker and block.marker[0] == "not-run"
     lines = list(block.lines)
     rows, note, table = tune_example_prices(lines)
