@@ -123,16 +123,20 @@ def test_a_study_made_from_another_config_or_space_is_refused(
     assert "was made from a different config or space" in err
 
 
+@pytest.mark.parametrize(
+    "theirs", ["notes.txt", "workers/notes.txt", "workers/worker-0.log/x", "trials/0000.txt"]
+)
 def test_a_folder_holding_someone_elses_files_is_refused_and_left_alone(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], theirs: str
 ) -> None:
     config, space = write_inputs(tmp_path, steps=20)
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "notes.txt").write_text("mine")
+    (out / theirs).parent.mkdir(parents=True)
+    (out / theirs).write_text("mine")
     err = one_line_error(capsys, sweep_args(config, space, out))
-    assert "holds notes.txt, which thrifty sweep did not write" in err
-    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    named = theirs if theirs.count("/") < 2 else theirs.rsplit("/", 1)[0]  # a folder: by name
+    assert f"holds {named}, which thrifty sweep did not write" in err
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [theirs]
 
 
 def test_best_toml_and_the_study_hold_no_secret(tmp_path: Path) -> None:

@@ -74,13 +74,14 @@ def test_overwrite_does_not_replace_an_earlier_tune_that_holds_a_users_file(
     assert tree(out) == before  # the earlier tune's files too: nothing is half-replaced
 
 
-def test_a_file_in_trials_is_named_with_its_folder(config, tmp_path, capsys):
+@pytest.mark.parametrize("folder", ["trials", "workers"])
+def test_a_file_in_trials_or_workers_is_named_with_its_folder(config, tmp_path, capsys, folder):
     out = tmp_path / "tune"
-    (out / "trials").mkdir(parents=True)
-    (out / "trials" / "keep.txt").write_bytes(MINE)
+    (out / folder).mkdir(parents=True)
+    (out / folder / "keep.txt").write_bytes(MINE)
     line = one_line_error(capsys, ["tune", str(config), "--out", str(out), "--overwrite"])
-    assert f"--out {out} holds trials/keep.txt, which thrifty tune did not write" in line
-    assert tree(out) == {"trials/keep.txt": MINE}
+    assert f"--out {out} holds {folder}/keep.txt, which thrifty tune did not write" in line
+    assert tree(out) == {f"{folder}/keep.txt": MINE}
 
 
 @pytest.mark.parametrize("overwrite", [[], ["--overwrite"]], ids=["resume", "overwrite"])

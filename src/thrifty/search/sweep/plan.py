@@ -33,6 +33,8 @@ OWN = (JOURNAL, f"{JOURNAL}.lock", SWEEP_JSON, BEST_TOML, "trials", "workers")
 _TEMPORARY = re.compile(rf"\.({re.escape(SWEEP_JSON)}|{re.escape(BEST_TOML)})\.tmp-\d+")
 _TRIAL_DIR = re.compile(r"\d{4,}")
 _WORKER_LOG = re.compile(r"worker-\d+\.log")  # a warm worker's own output (thrifty.search.engine)
+# The sweep's folders in --out: what each holds (its entries' names, and whether they are folders).
+_FOLDERS = {"trials": (_TRIAL_DIR, True), "workers": (_WORKER_LOG, False)}
 REPORT_HTML = "report.html"  # the page `thrifty report DIR` draws of the sweep, in its --out
 
 
@@ -196,30 +198,27 @@ def _check_out(out: Path) -> None:
             entry.name in OWN or _TEMPORARY.fullmatch(entry.name) or report
         ):
             strangers.append(entry.name)
-        elif entry.name == "workers":
-            if entry.is_symlink() or not entry.is_dir():
-                strangers.append(entry.name)
-                continue
-            strangers += [
-                f"workers/{e.name}"
-                for e in sorted(entry.iterdir())
-                if e.is_symlink() or not e.is_file() or not _WORKER_LOG.fullmatch(e.name)
-            ]
-        elif entry.name == "trials":
-            if not entry.is_dir():
-                strangers.append(entry.name)
-                continue
-            strangers += [
-                f"trials/{e.name}"
-                for e in sorted(entry.iterdir())
-                if e.is_symlink() or not e.is_dir() or not _TRIAL_DIR.fullmatch(e.name)
-            ]
+        elif entry.name in _FOLDERS:
+            strangers += _strangers_in(entry, *_FOLDERS[entry.name])
     if strangers:
         more = f" and {len(strangers) - 1} more" if len(strangers) > 1 else ""
         raise ThriftyError(
             f"--out {out} holds {strangers[0]}{more}, which thrifty sweep did not write: choose "
             "a new or empty --out; a sweep never deletes or replaces what it did not write"
         )
+
+
+def _strangers_in(folder: Path, pattern: re.Pattern[str], folders: bool) -> list[str]:
+    """What a sweep's own folder holds that the sweep did not write: the folder itself when
+    it is a symlink or a file, else each entry that is a symlink, not a folder (`folders`) or
+    not a file, or not named as `pattern` says."""
+    if folder.is_symlink() or not folder.is_dir():
+        return [folder.name]
+    return [
+        f"{folder.name}/{e.name}"
+        for e in sorted(folder.iterdir())
+        if e.is_symlink() or e.is_dir() != folders or not pattern.fullmatch(e.name)
+    ]
 
 
 def _study_name(out: Path) -> str:
