@@ -46,6 +46,7 @@ _SIGNALS = tuple(
 
 
 def main(argv: Sequence[str]) -> int:
+    from thrifty.callbacks.trial_report import read_line
     from thrifty.children import tethered
 
     settings = json.loads(tethered())
@@ -61,7 +62,7 @@ def main(argv: Sequence[str]) -> int:
 
     clean = CleanState()
     while True:
-        order = _read_line(orders)
+        order = read_line(orders)
         if not order:  # the search closed its end: no more trials
             return 0
         _mark(marker, "begin")
@@ -265,16 +266,6 @@ def _write_all(fd: int, data: bytes) -> None:
     while data:
         written = os.write(fd, data)
         data = data[written:]
-
-
-def _read_line(fd: int) -> str:
-    data = bytearray()
-    while not data.endswith(b"\n"):
-        chunk = os.read(fd, 1)
-        if not chunk:
-            return ""
-        data += chunk
-    return data.decode(errors="replace")
 
 
 def _pipes(word: str) -> tuple[int, int]:

@@ -107,7 +107,7 @@ class TrialReport(Callback):
                 os.write(self.reports, line(report))
             finally:
                 os.set_blocking(self.reports, False)
-            answer = _read_line(self.answers)
+            answer = read_line(self.answers)
         except OSError:
             answer = ""
         if not answer:
@@ -122,11 +122,13 @@ def line(report: dict[str, Any]) -> bytes:
     return (json.dumps(report) + "\n").encode()
 
 
-def _read_line(fd: int) -> str:
-    data = b""
+def read_line(fd: int) -> str:
+    """One whole line from `fd` (byte by byte: nothing past it is taken), or "" once the other
+    end is closed before a line ends."""
+    data = bytearray()
     while not data.endswith(b"\n"):
         chunk = os.read(fd, 1)
         if not chunk:
-            break
+            return ""
         data += chunk
     return data.decode(errors="replace")
